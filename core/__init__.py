@@ -1,0 +1,1 @@
+"""Shared kernel: event schemas, subjects, ids, config models and the pure reducers. No I/O."""

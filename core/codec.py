@@ -1,0 +1,96 @@
+"""Encoding and decoding of events: one TypeAdapter, orjson, upcasting of old versions."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+from pydantic import TypeAdapter, ValidationError
+
+from core.errors import DecodeError, NewerSchema, UnknownEventType
+from core.events import EVENT_CLASSES, AnyEvent, EventBase
+
+ADAPTER: TypeAdapter[AnyEvent] = TypeAdapter(AnyEvent)
+
+Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
+# (type, from_version) -> function returning the dict at from_version + 1.
+_UPCASTERS: dict[tuple[str, int], Upcaster] = {}
+
+
+def register_upcaster(event_type: str, from_version: int) -> Callable[[Upcaster], Upcaster]:
+    """Register `fn(dict) -> dict` lifting `event_type` from `from_version` to the next."""
+
+    def deco(fn: Upcaster) -> Upcaster:
+        _UPCASTERS[(event_type, from_version)] = fn
+        return fn
+
+    return deco
+
+
+def current_version(event_type: str) -> int:
+    cls = EVENT_CLASSES.get(event_type)
+    if cls is None:
+        raise UnknownEventType(event_type)
+    return cls.SCHEMA_VERSION
+
+
+def upcast(raw: dict[str, Any]) -> dict[str, Any]:
+    """Lift a raw event dict to its type's current schema version."""
+    etype = raw.get("type")
+    if not isinstance(etype, str):
+        raise DecodeError("event has no 'type'")
+    target = current_version(etype)
+    version = raw.get("schema_version", 1)
+    if not isinstance(version, int):
+        raise DecodeError(f"event {etype!r} has a non-integer schema_version")
+    if version > target:
+        raise NewerSchema(etype, version, target)
+    while version < target:
+        fn = _UPCASTERS.get((etype, version))
+        if fn is None:
+            raise DecodeError(f"no upcaster for {etype!r} from schema_version {version}")
+        raw = fn(dict(raw))
+        version += 1
+        raw["schema_version"] = version
+    return raw
+
+
+def encode(event: EventBase) -> bytes:
+    """Serialize an event to its JSON wire form."""
+    return event.__pydantic_serializer__.to_json(event, exclude_none=False)
+
+
+def to_dict(event: EventBase) -> dict[str, Any]:
+    return event.model_dump(mode="json")
+
+
+def decode(data: bytes | str) -> AnyEvent:
+    """Parse and validate one event; upcast old versions; raise a DecodeError subclass."""
+    try:
+        ev = ADAPTER.validate_json(data)
+    except ValidationError:
+        try:
+            raw = orjson.loads(data)
+        except orjson.JSONDecodeError as exc:
+            raise DecodeError(f"not JSON: {exc}") from None
+        if not isinstance(raw, dict):
+            raise DecodeError("event is not a JSON object") from None
+        return decode_dict(raw)
+    if ev.schema_version != ev.SCHEMA_VERSION:
+        return decode_dict(orjson.loads(data))
+    return ev
+
+
+def decode_dict(raw: dict[str, Any]) -> AnyEvent:
+    """Validate an event given as a dict, upcasting it first."""
+    raw = upcast(raw)
+    try:
+        return ADAPTER.validate_python(raw)
+    except ValidationError as exc:
+        raise DecodeError(f"invalid {raw.get('type')!r} event: {_short(exc)}") from None
+
+
+def _short(exc: ValidationError) -> str:
+    errs = exc.errors()[:3]
+    return "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in errs)

@@ -1,0 +1,240 @@
+"""The cluster config file (JSON or YAML): one model per section, strict about typos.
+
+A bad file fails with a `ConfigError` naming the file, the field path and what was expected.
+Parsing text is pure; reading the file is left to the caller (`load_config_text`).
+"""
+
+from __future__ import annotations
+
+from pathlib import PurePath
+from typing import Any, Literal
+
+import orjson
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from core.errors import ConfigError
+from core.events import Role
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TLSConfig(_Strict):
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+
+
+class NatsConfig(_Strict):
+    urls: list[str] = Field(default_factory=lambda: ["nats://127.0.0.1:4222"])
+    user: str | None = None
+    password: str | None = None
+    token: str | None = None
+    creds_file: str | None = None
+    tls: TLSConfig | None = None
+    replicas: int = Field(1, ge=1, le=5)
+    max_age_days: float = Field(30, gt=0)
+    embedded: bool = True  # `motor up` starts its own nats-server unless --nats-url is given
+
+
+class HealthCheckConfig(_Strict):
+    startup_timeout: float = Field(1800.0, gt=0)
+    interval: float = Field(1.0, gt=0)
+    timeout: float = Field(2.0, gt=0)
+    retry_attempts: int = Field(3, ge=0)
+
+
+class SnapshotConfig(_Strict):
+    enabled: bool = False
+    metadata_dir: str = ".motor/snapshot"
+    checkpoint_marker: str = "checkpoint"
+    model_save_path: str | None = None
+    model_load_path: str | None = None
+
+
+class EngineSection(_Strict):
+    """One of `union`, `prefill`, `decode`: how many instances and how each engine runs."""
+
+    instances: int = Field(1, ge=0)
+    engine_type: Literal["vllm", "sglang", "builtin"] = "builtin"
+    model: str = "motor-sim"  # served model name
+    model_path: str | None = None
+    engine_config: dict[str, Any] = Field(default_factory=dict)
+    env: dict[str, str] = Field(default_factory=dict)
+    dispatch_profile: Literal["handoff", "trigger", "bootstrap"] | None = None
+    health_check_config: HealthCheckConfig = HealthCheckConfig()
+    devices_per_node: int = Field(0, ge=0)
+    snapshot: SnapshotConfig = SnapshotConfig()
+
+    def engine_value(self, key: str, default: Any = None) -> Any:
+        """Read an engine option by its snake_case or kebab-case name."""
+        if key in self.engine_config:
+            return self.engine_config[key]
+        return self.engine_config.get(key.replace("_", "-"), default)
+
+    def nodes_per_instance(self) -> int:
+        """How many nodes (pods) one instance spans: the engine's `nnodes`, default 1."""
+        return int(self.engine_value("nnodes", 1) or 1)
+
+    def dp_size(self) -> int:
+        return int(self.engine_value("data_parallel_size", 1) or 1)
+
+    def endpoints_per_node(self) -> int:
+        """DP ranks served by one node: `data_parallel_size_local`, else dp / nnodes."""
+        local = self.engine_value("data_parallel_size_local")
+        if local:
+            return int(local)
+        return max(1, self.dp_size() // self.nodes_per_instance())
+
+    def bootstrap_port(self) -> int | None:
+        value = self.engine_value("disaggregation_bootstrap_port")
+        return int(value) if value is not None else None
+
+    @model_validator(mode="after")
+    def _check(self) -> EngineSection:
+        if self.snapshot.enabled and self.engine_type == "sglang":
+            raise ValueError("snapshot.enabled is supported for vllm only, not sglang")
+        nn, dp = self.nodes_per_instance(), self.dp_size()
+        if nn < 1:
+            raise ValueError("engine_config.nnodes must be >= 1")
+        if dp > 1 and dp % nn and not self.engine_value("data_parallel_size_local"):
+            raise ValueError(f"data_parallel_size {dp} is not divisible by nnodes {nn}")
+        return self
+
+
+class ControllerConfig(_Strict):
+    host: str = "127.0.0.1"
+    port: int = Field(8100, ge=1, le=65535)
+    heartbeat_timeout: float = Field(10.0, gt=0)  # silent this long -> INACTIVE
+    terminate_after: float = Field(60.0, gt=0)  # silent this long -> TERMINATED, nodes freed
+    start_timeout: float = Field(30.0, gt=0)  # no READY within this -> resend start
+    start_attempts: int = Field(3, ge=1)
+    lease_ttl: float = Field(6.0, gt=0)
+    checkpoint_every: int = Field(1000, ge=1)
+    scale_p2d: bool = False
+    recovery_timeout: float = Field(300.0, gt=0)
+    tick_interval: float = Field(0.5, gt=0)
+
+
+class RateLimitConfig(_Strict):
+    requests_per_second: float = Field(0, ge=0)  # 0 = unlimited
+    burst: int = Field(0, ge=0)
+    max_in_flight: int = Field(0, ge=0)
+
+
+class BreakerConfig(_Strict):
+    failures: int = Field(3, ge=1)
+    backoff_initial: float = Field(30.0, gt=0)
+    backoff_max: float = Field(300.0, gt=0)
+
+
+class PolicyConfig(_Strict):
+    union: str = "least_load"
+    prefill: str = "prefix_affinity"
+    decode: str = "least_load"
+
+
+class PrecisionDetectorConfig(_Strict):
+    enabled: bool = False
+    sample_rate: float = Field(0.1, ge=0, le=1)
+
+
+class CoordinatorConfig(_Strict):
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=1, le=65535)
+    mgmt_port: int | None = None  # None: management API on the same port as /v1
+    api_keys: list[str] = Field(default_factory=list)
+    max_body_bytes: int = Field(8 * 1024 * 1024, gt=0)
+    retries: int = Field(2, ge=0)
+    first_token_timeout: float = Field(60.0, gt=0)
+    request_timeout: float = Field(600.0, gt=0)
+    policy: PolicyConfig = PolicyConfig()
+    rate_limit: RateLimitConfig = RateLimitConfig()
+    breaker: BreakerConfig = BreakerConfig()
+    precision_detector: PrecisionDetectorConfig = PrecisionDetectorConfig()
+
+
+class NodeAgentConfig(_Strict):
+    host: str = "127.0.0.1"
+    port_base: int = Field(8200, ge=1, le=65535)
+    engine_port_base: int = Field(9000, ge=1, le=65535)
+    heartbeat_interval: float = Field(1.0, gt=0)
+    stop_grace: float = Field(10.0, gt=0)
+    fault_reporter: bool = False
+    log_dir: str = ".motor/logs"
+    job_name: str = "motor"
+
+
+class ClusterConfig(_Strict):
+    name: str = "motor"
+    nats: NatsConfig = NatsConfig()
+    controller: ControllerConfig = ControllerConfig()
+    coordinator: CoordinatorConfig = CoordinatorConfig()
+    nodeagent: NodeAgentConfig = NodeAgentConfig()
+    union: EngineSection | None = None
+    prefill: EngineSection | None = None
+    decode: EngineSection | None = None
+
+    def section(self, role: Role | str) -> EngineSection | None:
+        return {"union": self.union, "prefill": self.prefill, "decode": self.decode}[str(role)]
+
+    def sections(self) -> dict[Role, EngineSection]:
+        out: dict[Role, EngineSection] = {}
+        for role in (Role.UNION, Role.PREFILL, Role.DECODE):
+            sec = self.section(role)
+            if sec is not None:
+                out[role] = sec
+        return out
+
+    @model_validator(mode="after")
+    def _check(self) -> ClusterConfig:
+        if self.union is None and self.prefill is None and self.decode is None:
+            raise ValueError("at least one engine section (union, prefill or decode) is required")
+        if (self.prefill is None) != (self.decode is None) and self.decode is not None:
+            raise ValueError("a decode section needs a prefill section")
+        return self
+
+
+def parse_config(text: str | bytes, source: str = "<config>") -> ClusterConfig:
+    """Parse JSON or YAML text (chosen by the source's suffix, else sniffed) into a config."""
+    suffix = PurePath(source).suffix.lower()
+    try:
+        raw = orjson.loads(text) if suffix == ".json" else yaml.safe_load(text)
+    except (orjson.JSONDecodeError, yaml.YAMLError) as exc:
+        raise ConfigError(f"{source}: not valid {'JSON' if suffix == '.json' else 'YAML'}: {exc}") from None
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: top level must be a mapping, got {type(raw).__name__}")
+    return config_from_dict(raw, source)
+
+
+def config_from_dict(raw: dict[str, Any], source: str = "<config>") -> ClusterConfig:
+    try:
+        return ClusterConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, source)) from None
+
+
+def format_validation_error(exc: ValidationError, source: str) -> str:
+    lines = [f"{source}: invalid config"]
+    for err in exc.errors():
+        path = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        expected = err["msg"]
+        got = err.get("input")
+        detail = f"  {path}: {expected}"
+        if err["type"] not in ("missing",) and not isinstance(got, dict):
+            detail += f" (got {got!r})"
+        lines.append(detail)
+    return "\n".join(lines)
+
+
+def default_config() -> ClusterConfig:
+    """The embedded default: one union instance and one 1P1D pair of builtin engines."""
+    return ClusterConfig(
+        union=EngineSection(instances=1, dispatch_profile=None),
+        prefill=EngineSection(instances=1, dispatch_profile="handoff"),
+        decode=EngineSection(instances=1, dispatch_profile="handoff"),
+    )

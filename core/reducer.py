@@ -1,0 +1,285 @@
+"""apply(state, event) -> state: the pure fold every component and the replay tool share.
+
+No clock reads: time comes from `event.ts`. Events about unknown entities are no-ops (a
+heartbeat before its registration, a command for a node that left), never errors, so a
+replay of any log prefix succeeds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import replace
+from typing import Any
+
+import immutables
+
+from core.events import (
+    CommandApplied,
+    CommandRefused,
+    EndpointStatus,
+    EndpointStatusChanged,
+    EventBase,
+    FaultCleared,
+    FaultReported,
+    Heartbeat,
+    InstanceAssembled,
+    InstancesRefreshed,
+    InstanceState,
+    InstanceStateChanged,
+    LeaderChanged,
+    NodeDeregistered,
+    NodeRegistered,
+    PrecisionAlarmCleared,
+    PrecisionAlarmRaised,
+    SnapshotCheckpoint,
+    StartCommand,
+    StopCommand,
+)
+from core.state import (
+    AlarmRecord,
+    ClusterState,
+    CommandRecord,
+    FaultRecord,
+    InstanceRecord,
+    NodeRecord,
+    SnapshotRecord,
+)
+
+Handler = Callable[[ClusterState, Any, int], ClusterState]
+
+
+def _node_registered(s: ClusterState, ev: NodeRegistered, seq: int) -> ClusterState:
+    d = ev.data
+    old = s.nodes.get(d.node_id)
+    if old is None:
+        order, next_order = s.next_order, s.next_order + 1
+        instance_id = d.instance_id
+    else:
+        order, next_order = old.order, s.next_order
+        instance_id = d.instance_id
+        if instance_id is None and old.instance_id is not None:
+            # The node restarted without engines but its instance still counts on it: keep
+            # the assignment so the node is not handed to another instance; the controller
+            # restarts it there.
+            inst = s.instances.get(old.instance_id)
+            if inst is not None and d.node_id in inst.node_ids:
+                instance_id = old.instance_id
+    running = {e: EndpointStatus.STARTING for e in d.running_endpoints}
+    rec = NodeRecord(
+        reg=d,
+        order=order,
+        registered_ts=ev.ts,
+        registered_seq=seq,
+        instance_id=instance_id,
+        endpoint_status=running,
+        endpoint_reason={},
+        last_hb_ts=ev.ts,
+        load=(),
+        start_cmd=old.start_cmd if old else None,
+        stop_cmd=old.stop_cmd if old else None,
+    )
+    return replace(s, nodes=s.nodes.set(d.node_id, rec), next_order=next_order)
+
+
+def _node_deregistered(s: ClusterState, ev: NodeDeregistered, seq: int) -> ClusterState:
+    if ev.data.node_id not in s.nodes:
+        return s
+    return replace(s, nodes=s.nodes.delete(ev.data.node_id))
+
+
+def _heartbeat(s: ClusterState, ev: Heartbeat, seq: int) -> ClusterState:
+    node = s.nodes.get(ev.data.node_id)
+    if node is None:
+        return s
+    return replace(
+        s, nodes=s.nodes.set(node.node_id, replace(node, last_hb_ts=ev.ts, load=ev.data.endpoints))
+    )
+
+
+def _start(s: ClusterState, ev: StartCommand, seq: int) -> ClusterState:
+    d = ev.data
+    node = s.nodes.get(d.node_id)
+    if node is None:
+        return s
+    rec = CommandRecord("start", d, ev.ts, seq)
+    node = replace(node, start_cmd=rec, instance_id=d.instance_id)
+    return replace(s, nodes=s.nodes.set(d.node_id, node))
+
+
+def _stop(s: ClusterState, ev: StopCommand, seq: int) -> ClusterState:
+    d = ev.data
+    node = s.nodes.get(d.node_id)
+    if node is None:
+        return s
+    return replace(
+        s, nodes=s.nodes.set(d.node_id, replace(node, stop_cmd=CommandRecord("stop", d, ev.ts, seq)))
+    )
+
+
+def _command_result(s: ClusterState, ev: CommandApplied | CommandRefused, seq: int) -> ClusterState:
+    d = ev.data
+    node = s.nodes.get(d.node_id)
+    if node is None:
+        return s
+    attr = "start_cmd" if d.verb == "start" else "stop_cmd"
+    cmd: CommandRecord | None = getattr(node, attr)
+    if cmd is None or cmd.data.command_id != d.command_id:
+        return s
+    if isinstance(ev, CommandApplied):
+        cmd = replace(cmd, status="applied", status_ts=ev.ts)
+    else:
+        cmd = replace(cmd, status="refused", reason=f"{ev.data.code}: {ev.data.reason}", status_ts=ev.ts)
+    changes: dict[str, Any] = {attr: cmd}
+    if d.verb == "stop" and isinstance(ev, CommandApplied):
+        stop = node.stop_cmd.data if node.stop_cmd else None
+        ids = getattr(stop, "endpoint_ids", ()) or tuple(e.id for e in node.reg.endpoints)
+        status = dict(node.endpoint_status)
+        for e in ids:
+            status[e] = EndpointStatus.STOPPED
+        changes["endpoint_status"] = status
+    return replace(s, nodes=s.nodes.set(d.node_id, replace(node, **changes)))
+
+
+def _endpoint_status(s: ClusterState, ev: EndpointStatusChanged, seq: int) -> ClusterState:
+    d = ev.data
+    node = s.nodes.get(d.node_id)
+    if node is None:
+        return s
+    status = dict(node.endpoint_status)
+    status[d.endpoint_id] = d.status
+    reason = dict(node.endpoint_reason)
+    reason[d.endpoint_id] = d.reason
+    return replace(
+        s, nodes=s.nodes.set(d.node_id, replace(node, endpoint_status=status, endpoint_reason=reason))
+    )
+
+
+def _fault_reported(s: ClusterState, ev: FaultReported, seq: int) -> ClusterState:
+    rec = FaultRecord(ev.data, ev.ts, seq, ev.id)
+    return replace(s, faults=s.faults.set(ev.data.fault_id, rec))
+
+
+def _fault_cleared(s: ClusterState, ev: FaultCleared, seq: int) -> ClusterState:
+    if ev.data.fault_id not in s.faults:
+        return s
+    return replace(s, faults=s.faults.delete(ev.data.fault_id))
+
+
+def _alarm_raised(s: ClusterState, ev: PrecisionAlarmRaised, seq: int) -> ClusterState:
+    rec = AlarmRecord(ev.data, ev.ts, seq, ev.id)
+    return replace(s, alarms=s.alarms.set(ev.data.d_instance_id, rec))
+
+
+def _alarm_cleared(s: ClusterState, ev: PrecisionAlarmCleared, seq: int) -> ClusterState:
+    if ev.data.d_instance_id not in s.alarms:
+        return s
+    return replace(s, alarms=s.alarms.delete(ev.data.d_instance_id))
+
+
+def _snapshot(s: ClusterState, ev: SnapshotCheckpoint, seq: int) -> ClusterState:
+    d = ev.data
+    old = s.snapshots.get(d.node_id)
+    rec = SnapshotRecord(
+        phase=d.phase,
+        ts=ev.ts,
+        instance_id=d.instance_id if d.instance_id is not None else (old.instance_id if old else None),
+        job_name=d.job_name if d.job_name is not None else (old.job_name if old else None),
+    )
+    return replace(s, snapshots=s.snapshots.set(d.node_id, rec))
+
+
+def _assembled(s: ClusterState, ev: InstanceAssembled, seq: int) -> ClusterState:
+    d = ev.data
+    rec = InstanceRecord(
+        spec=d, state=InstanceState.INITIAL, state_ts=ev.ts, assembled_ts=ev.ts, assembled_seq=seq
+    )
+    nodes = s.nodes
+    for m in d.members:
+        node = nodes.get(m.node_id)
+        if node is not None:
+            nodes = nodes.set(m.node_id, replace(node, instance_id=d.instance_id))
+    return replace(
+        s,
+        instances=s.instances.set(d.instance_id, rec),
+        nodes=nodes,
+        next_instance_id=max(s.next_instance_id, d.instance_id + 1),
+    )
+
+
+def _state_changed(s: ClusterState, ev: InstanceStateChanged, seq: int) -> ClusterState:
+    d = ev.data
+    inst = s.instances.get(d.instance_id)
+    if inst is None:
+        return s
+    if d.state == InstanceState.TERMINATED:
+        nodes = s.nodes
+        for nid in inst.node_ids:
+            node = nodes.get(nid)
+            if node is not None and node.instance_id == d.instance_id:
+                nodes = nodes.set(nid, replace(node, instance_id=None, start_cmd=None))
+        alarms = s.alarms
+        if d.instance_id in alarms:
+            alarms = alarms.delete(d.instance_id)
+        return replace(s, instances=s.instances.delete(d.instance_id), nodes=nodes, alarms=alarms)
+    rec = replace(inst, state=d.state, state_ts=ev.ts, reason=d.reason)
+    return replace(s, instances=s.instances.set(d.instance_id, rec))
+
+
+def _leader(s: ClusterState, ev: LeaderChanged, seq: int) -> ClusterState:
+    return replace(s, leader=ev.data, leader_ts=ev.ts)
+
+
+def _refreshed(s: ClusterState, ev: InstancesRefreshed, seq: int) -> ClusterState:
+    d = ev.data
+    given = {int(i["id"]): i for i in d.instances}
+    if d.event == "set":
+        external: immutables.Map[int, dict[str, Any]] = immutables.Map(given)
+    elif d.event == "add":
+        external = s.external.update(given)
+    else:
+        with s.external.mutate() as m:
+            for i in d.ids:
+                m.pop(int(i), None)
+            external = m.finish()
+    return replace(s, external=external)
+
+
+HANDLERS: dict[str, Handler] = {
+    "node.registered": _node_registered,
+    "node.deregistered": _node_deregistered,
+    "node.heartbeat": _heartbeat,
+    "command.start": _start,
+    "command.stop": _stop,
+    "command.applied": _command_result,
+    "command.refused": _command_result,
+    "endpoint.status_changed": _endpoint_status,
+    "fault.reported": _fault_reported,
+    "fault.cleared": _fault_cleared,
+    "precision.alarm_raised": _alarm_raised,
+    "precision.alarm_cleared": _alarm_cleared,
+    "snapshot.checkpoint": _snapshot,
+    "instance.assembled": _assembled,
+    "instance.state_changed": _state_changed,
+    "controller.leader_changed": _leader,
+    "instances.refreshed": _refreshed,
+}
+
+
+def apply(state: ClusterState, event: EventBase, seq: int = 0) -> ClusterState:
+    """Return the state after `event` (at stream sequence `seq`, 0 when unknown)."""
+    handler = HANDLERS[event.type]  # type: ignore[attr-defined]
+    new = handler(state, event, seq)
+    return replace(
+        new,
+        last_seq=max(new.last_seq, seq),
+        last_ts=max(new.last_ts, event.ts),
+        events_applied=new.events_applied + 1,
+    )
+
+
+def fold(events: Iterable[tuple[int, EventBase]], state: ClusterState | None = None) -> ClusterState:
+    """Fold `(seq, event)` pairs into a state."""
+    s = state if state is not None else ClusterState()
+    for seq, ev in events:
+        s = apply(s, ev, seq)
+    return s

@@ -1,0 +1,1 @@
+"""Composition root: the `motor` CLI, the local cluster launcher, Kubernetes manifests."""

@@ -1,0 +1,40 @@
+# Motor on JetStream — developer commands. `just --list` shows them all.
+
+set shell := ["bash", "-euo", "pipefail", "-c"]
+
+# Prefer the repo's venv when it exists, so recipes work without activating it.
+venv_bin := if path_exists(justfile_directory() / ".venv/bin/python") == "true" { justfile_directory() / ".venv/bin/" } else { "" }
+python := venv_bin + "python"
+export PATH := (if venv_bin == "" { env_var("PATH") } else { venv_bin + ":" + env_var("PATH") })
+
+default:
+    @just --list
+
+# Create .venv and install the project with its dev extra.
+setup:
+    test -x .venv/bin/python || python3 -m venv .venv
+    .venv/bin/python -m pip install -q --upgrade pip
+    .venv/bin/python -m pip install -q -e '.[dev]'
+
+# Run the local cluster on the embedded defaults (or pass --config FILE ...).
+up *ARGS:
+    {{python}} -m deploy.cli up {{ARGS}}
+
+# The fast suite: unit, integration (real nats-server) and e2e (whole local cluster).
+test *ARGS:
+    {{python}} -m pytest -q {{ARGS}}
+
+# ruff and mypy over every package.
+lint:
+    {{python}} -m ruff check .
+    {{python}} -m ruff format --check .
+    {{python}} -m mypy
+
+# Format the code in place.
+fmt:
+    {{python}} -m ruff format .
+    {{python}} -m ruff check --fix .
+
+# Run one benchmark by NAME, or all of them; each ends with a `BENCH NAME ...` line.
+bench NAME="all":
+    {{python}} -m tests.bench {{NAME}}

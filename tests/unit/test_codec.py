@@ -1,0 +1,63 @@
+from typing import Any
+
+import orjson
+import pytest
+
+from core import codec
+from core.errors import DecodeError, NewerSchema, UnknownEventType
+from core.events import EVENT_CLASSES, NodeRegistered
+from tests.unit.factories import assembled, ep_status, registered, start_cmd
+
+
+@pytest.mark.parametrize(
+    "ev", [registered("n1"), assembled(1, ["n1"]), start_cmd("n1", 1), ep_status("n1", "READY")]
+)
+def test_roundtrip(ev: Any) -> None:
+    data = codec.encode(ev)
+    assert codec.decode(data) == ev
+    assert orjson.loads(data)["type"] == ev.type
+
+
+def test_every_type_has_a_class() -> None:
+    assert len(EVENT_CLASSES) == 17
+    for name, cls in EVENT_CLASSES.items():
+        assert cls.model_fields["type"].default == name
+
+
+def test_unknown_type() -> None:
+    raw = orjson.dumps({"id": "1", "type": "node.exploded", "ts": 1, "source": "x", "data": {}})
+    with pytest.raises(UnknownEventType):
+        codec.decode(raw)
+
+
+def test_newer_version() -> None:
+    raw = orjson.loads(codec.encode(registered("n1")))
+    raw["schema_version"] = 99
+    with pytest.raises(NewerSchema):
+        codec.decode(orjson.dumps(raw))
+
+
+def test_not_json() -> None:
+    with pytest.raises(DecodeError):
+        codec.decode(b"{nope")
+
+
+def test_upcaster_lifts_old_shape(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Pretend node.registered is at v2, where v1 called the field `ip` instead of `pod_ip`.
+    monkeypatch.setattr(NodeRegistered, "SCHEMA_VERSION", 2)
+    calls = []
+
+    def v1_to_v2(raw: dict[str, Any]) -> dict[str, Any]:
+        calls.append(raw["schema_version"])
+        data = dict(raw["data"])
+        data["pod_ip"] = data.pop("ip")
+        return {**raw, "data": data}
+
+    monkeypatch.setitem(codec._UPCASTERS, ("node.registered", 1), v1_to_v2)
+    raw = orjson.loads(codec.encode(registered("n1")))
+    raw["data"]["ip"] = raw["data"].pop("pod_ip")
+    raw["schema_version"] = 1
+    ev = codec.decode(orjson.dumps(raw))
+    assert calls == [1]
+    assert ev.schema_version == 2
+    assert ev.data.pod_ip == "10.0.0.1"  # type: ignore[union-attr]
