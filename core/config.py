@@ -63,6 +63,9 @@ class EngineSection(_Strict):
     model_path: str | None = None
     engine_config: dict[str, Any] = Field(default_factory=dict)
     env: dict[str, str] = Field(default_factory=dict)
+    # The program that starts the engine, when not the default (`vllm`, `python3 -m
+    # sglang.launch_server`): e.g. a separate venv's python with `-m vllm.entrypoints.cli.main`.
+    launcher: list[str] | None = None
     dispatch_profile: Literal["handoff", "trigger", "bootstrap"] | None = None
     health_check_config: HealthCheckConfig = HealthCheckConfig()
     devices_per_node: int = Field(0, ge=0)
