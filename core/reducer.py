@@ -77,6 +77,9 @@ def _node_registered(s: ClusterState, ev: NodeRegistered, seq: int) -> ClusterSt
         load=(),
         start_cmd=old.start_cmd if old else None,
         stop_cmd=old.stop_cmd if old else None,
+        endpoint_seq={e: seq for e in running},
+        endpoint_event_id={e: ev.id for e in running},
+        registered_id=ev.id,
     )
     return replace(s, nodes=s.nodes.set(d.node_id, rec), next_order=next_order)
 
@@ -92,7 +95,10 @@ def _heartbeat(s: ClusterState, ev: Heartbeat, seq: int) -> ClusterState:
     if node is None:
         return s
     return replace(
-        s, nodes=s.nodes.set(node.node_id, replace(node, last_hb_ts=ev.ts, load=ev.data.endpoints))
+        s,
+        nodes=s.nodes.set(
+            node.node_id, replace(node, last_hb_ts=ev.ts, load=ev.data.endpoints, last_hb_id=ev.id)
+        ),
     )
 
 
@@ -134,9 +140,15 @@ def _command_result(s: ClusterState, ev: CommandApplied | CommandRefused, seq: i
         stop = node.stop_cmd.data if node.stop_cmd else None
         ids = getattr(stop, "endpoint_ids", ()) or tuple(e.id for e in node.reg.endpoints)
         status = dict(node.endpoint_status)
+        eseq = dict(node.endpoint_seq)
+        eid = dict(node.endpoint_event_id)
         for e in ids:
             status[e] = EndpointStatus.STOPPED
+            eseq[e] = seq
+            eid[e] = ev.id
         changes["endpoint_status"] = status
+        changes["endpoint_seq"] = eseq
+        changes["endpoint_event_id"] = eid
     return replace(s, nodes=s.nodes.set(d.node_id, replace(node, **changes)))
 
 
@@ -149,9 +161,14 @@ def _endpoint_status(s: ClusterState, ev: EndpointStatusChanged, seq: int) -> Cl
     status[d.endpoint_id] = d.status
     reason = dict(node.endpoint_reason)
     reason[d.endpoint_id] = d.reason
-    return replace(
-        s, nodes=s.nodes.set(d.node_id, replace(node, endpoint_status=status, endpoint_reason=reason))
+    eseq = dict(node.endpoint_seq)
+    eseq[d.endpoint_id] = seq
+    eid = dict(node.endpoint_event_id)
+    eid[d.endpoint_id] = ev.id
+    node = replace(
+        node, endpoint_status=status, endpoint_reason=reason, endpoint_seq=eseq, endpoint_event_id=eid
     )
+    return replace(s, nodes=s.nodes.set(d.node_id, node))
 
 
 def _fault_reported(s: ClusterState, ev: FaultReported, seq: int) -> ClusterState:
@@ -191,7 +208,12 @@ def _snapshot(s: ClusterState, ev: SnapshotCheckpoint, seq: int) -> ClusterState
 def _assembled(s: ClusterState, ev: InstanceAssembled, seq: int) -> ClusterState:
     d = ev.data
     rec = InstanceRecord(
-        spec=d, state=InstanceState.INITIAL, state_ts=ev.ts, assembled_ts=ev.ts, assembled_seq=seq
+        spec=d,
+        state=InstanceState.INITIAL,
+        state_ts=ev.ts,
+        assembled_ts=ev.ts,
+        assembled_seq=seq,
+        assembled_id=ev.id,
     )
     nodes = s.nodes
     for m in d.members:
@@ -221,7 +243,8 @@ def _state_changed(s: ClusterState, ev: InstanceStateChanged, seq: int) -> Clust
         if d.instance_id in alarms:
             alarms = alarms.delete(d.instance_id)
         return replace(s, instances=s.instances.delete(d.instance_id), nodes=nodes, alarms=alarms)
-    rec = replace(inst, state=d.state, state_ts=ev.ts, reason=d.reason)
+    active_seq = seq if d.state == InstanceState.ACTIVE else inst.active_seq
+    rec = replace(inst, state=d.state, state_ts=ev.ts, reason=d.reason, active_seq=active_seq)
     return replace(s, instances=s.instances.set(d.instance_id, rec))
 
 

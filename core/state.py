@@ -56,6 +56,12 @@ class NodeRecord:
     load: tuple[EndpointLoad, ...] = ()
     start_cmd: CommandRecord | None = None
     stop_cmd: CommandRecord | None = None
+    # Where each endpoint status came from (stream seq and event id), so a decision can tell
+    # a READY reported after its start command from a stale one and name what it answers.
+    endpoint_seq: dict[int, int] = field(default_factory=dict)
+    endpoint_event_id: dict[int, str] = field(default_factory=dict)
+    registered_id: str = ""
+    last_hb_id: str | None = None
 
     @property
     def node_id(self) -> str:
@@ -74,6 +80,8 @@ class InstanceRecord:
     assembled_ts: float
     assembled_seq: int
     reason: str = ""
+    assembled_id: str = ""
+    active_seq: int = 0  # stream seq of the last transition to ACTIVE (0: never active)
 
     @property
     def instance_id(self) -> int:
@@ -197,6 +205,10 @@ def state_to_dict(state: ClusterState) -> dict[str, Any]:
                 "load": [_dump(x) for x in n.load],
                 "start_cmd": _cmd_to(n.start_cmd),
                 "stop_cmd": _cmd_to(n.stop_cmd),
+                "endpoint_seq": {str(e): q for e, q in sorted(n.endpoint_seq.items())},
+                "endpoint_event_id": {str(e): i for e, i in sorted(n.endpoint_event_id.items())},
+                "registered_id": n.registered_id,
+                "last_hb_id": n.last_hb_id,
             }
             for k, n in sorted(state.nodes.items())
         },
@@ -208,6 +220,8 @@ def state_to_dict(state: ClusterState) -> dict[str, Any]:
                 "assembled_ts": i.assembled_ts,
                 "assembled_seq": i.assembled_seq,
                 "reason": i.reason,
+                "assembled_id": i.assembled_id,
+                "active_seq": i.active_seq,
             }
             for k, i in sorted(state.instances.items())
         },
@@ -249,6 +263,10 @@ def state_from_dict(raw: dict[str, Any]) -> ClusterState:
             load=tuple(EndpointLoad.model_validate(x) for x in n["load"]),
             start_cmd=_cmd_from(n["start_cmd"]),
             stop_cmd=_cmd_from(n["stop_cmd"]),
+            endpoint_seq={int(e): q for e, q in n.get("endpoint_seq", {}).items()},
+            endpoint_event_id={int(e): i for e, i in n.get("endpoint_event_id", {}).items()},
+            registered_id=n.get("registered_id", ""),
+            last_hb_id=n.get("last_hb_id"),
         )
         for k, n in raw["nodes"].items()
     }
@@ -260,6 +278,8 @@ def state_from_dict(raw: dict[str, Any]) -> ClusterState:
             assembled_ts=i["assembled_ts"],
             assembled_seq=i["assembled_seq"],
             reason=i["reason"],
+            assembled_id=i.get("assembled_id", ""),
+            active_seq=i.get("active_seq", 0),
         )
         for k, i in raw["instances"].items()
     }
