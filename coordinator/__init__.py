@@ -1,0 +1,1 @@
+"""The coordinator: routing table, policies, the /v1 proxy and the management API."""

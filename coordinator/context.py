@@ -1,0 +1,96 @@
+"""CoordinatorContext: the one typed object holding a coordinator's state (no module globals).
+
+The service makes it, feeds the log into it (`apply`), sets `caught_up` once the followers
+have replayed the log, and hands it to the proxy and to the management app.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from coordinator.metrics import CoordinatorMetrics
+from coordinator.table import RoutingTable
+from core.config import CoordinatorConfig
+from core.events import AnyEvent, EventBase, Role
+
+
+class EventPublisher(Protocol):
+    """What the coordinator needs of `streams.publisher.Publisher`."""
+
+    async def publish(self, event: EventBase, *, expected_last_subject_seq: int | None = None) -> int: ...
+
+
+@dataclass(eq=False)
+class CoordinatorContext:
+    """Settings, routing table, publisher, metrics and the caught-up flag of one coordinator."""
+
+    settings: CoordinatorConfig = field(default_factory=CoordinatorConfig)
+    table: RoutingTable = field(default_factory=RoutingTable)
+    metrics: CoordinatorMetrics = field(default_factory=CoordinatorMetrics)
+    publisher: EventPublisher | None = None
+    source: str = "coordinator"  # `source` of the events this coordinator appends
+    caught_up: asyncio.Event = field(default_factory=asyncio.Event)
+    started_at: float = field(default_factory=time.time)
+    _waiters: list[tuple[int, asyncio.Future[None]]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.metrics.bind_table(self.table, self.caught_up.is_set)
+
+    def apply(self, event: AnyEvent | EventBase, seq: int = 0) -> None:
+        """Fold one event into the table and wake whoever waits for its sequence."""
+        self.table.apply(event, seq)
+        if self._waiters:
+            done = self.table.last_seq
+            keep = []
+            for want, fut in self._waiters:
+                if want <= done:
+                    if not fut.done():
+                        fut.set_result(None)
+                else:
+                    keep.append((want, fut))
+            self._waiters = keep
+
+    async def wait_applied(self, seq: int, within: float) -> bool:
+        """Wait until the table has folded MOTOR sequence `seq`; False on timeout."""
+        if self.table.last_seq >= seq:
+            return True
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append((seq, fut))
+        try:
+            await asyncio.wait_for(fut, within)
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            self._waiters = [(s, f) for s, f in self._waiters if f is not fut]
+
+    def readiness(self) -> tuple[bool, str]:
+        """(ready, reason): caught up with the log and some model has a usable route."""
+        if not self.caught_up.is_set():
+            return False, "replaying the event log"
+        models = self.table.models()
+        if not models:
+            return False, "no instance is registered"
+        reasons = []
+        for model in models:
+            plan = self.table.plan(model)
+            if plan.kind == "pd":
+                assert plan.engine_type is not None
+                if self.table.candidates(
+                    Role.PREFILL, model, engine_type=plan.engine_type, capability=plan.capability
+                ) and self.table.candidates(
+                    Role.DECODE, model, engine_type=plan.engine_type, capability=plan.capability
+                ):
+                    return True, ""
+                reasons.append(f"{model}: every P/D endpoint has an open circuit")
+            elif plan.kind == "single":
+                assert plan.role is not None
+                if self.table.candidates(plan.role, model):
+                    return True, ""
+                reasons.append(f"{model}: every {plan.role.value} endpoint has an open circuit")
+            else:
+                reasons.append(plan.reason)
+        return False, "; ".join(reasons)

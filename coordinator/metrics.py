@@ -1,0 +1,159 @@
+"""Every Prometheus object of the coordinator, in one registry per coordinator.
+
+Per-endpoint numbers the hot path already keeps on `Endpoint` (in-flight, load) are read at
+scrape time by `TableCollector`, so the proxy pays nothing per request for them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from coordinator.table import RoutingTable
+
+# Latency buckets (seconds) for LLM requests: a few ms for a cached JSON hop up to many minutes.
+_LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+_TTFT = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+BREAKER_CLOSED, BREAKER_HALF_OPEN, BREAKER_OPEN = 0, 1, 2
+
+
+class TableCollector(Collector):
+    """Scrape-time view of the routing table: endpoints, their load and in-flight counts."""
+
+    def __init__(self, table: RoutingTable, caught_up: Callable[[], bool] | None = None) -> None:
+        self.table = table
+        self.caught_up = caught_up
+
+    def collect(self) -> Iterator[Metric]:
+        """Yield the table's gauges."""
+        t = self.table
+        inflight = GaugeMetricFamily(
+            "motor_coordinator_endpoint_inflight",
+            "Requests in flight from this coordinator",
+            labels=["endpoint", "role"],
+        )
+        load = GaugeMetricFamily(
+            "motor_coordinator_endpoint_load",
+            "Running + waiting requests per endpoint, from heartbeats",
+            labels=["endpoint", "role"],
+        )
+        routable = GaugeMetricFamily(
+            "motor_coordinator_routable_endpoints",
+            "Routable endpoints by role and model",
+            labels=["role", "model"],
+        )
+        counts: dict[tuple[str, str], int] = {}
+        for e in t.routable():
+            inflight.add_metric([e.key, e.role.value], e.inflight)
+            load.add_metric([e.key, e.role.value], e.running + e.waiting)
+            k = (e.role.value, e.model)
+            counts[k] = counts.get(k, 0) + 1
+        for (role, model), n in sorted(counts.items()):
+            routable.add_metric([role, model], n)
+        yield inflight
+        yield load
+        yield routable
+        yield GaugeMetricFamily(
+            "motor_coordinator_table_version",
+            "Routing table version (bumps on routability changes)",
+            value=t.version,
+        )
+        yield GaugeMetricFamily(
+            "motor_coordinator_log_seq", "MOTOR stream sequence folded into the table", value=t.last_seq
+        )
+        if self.caught_up is not None:
+            yield GaugeMetricFamily(
+                "motor_coordinator_caught_up",
+                "1 once the table caught up with the log",
+                value=int(self.caught_up()),
+            )
+
+
+class CoordinatorMetrics:
+    """The coordinator's Prometheus objects, in their own registry (no module globals)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "motor_coordinator_requests",
+            "Client requests by route and HTTP status",
+            ["route", "status"],
+            registry=r,
+        )
+        self.latency = Histogram(
+            "motor_coordinator_request_seconds",
+            "Client request latency to the last byte",
+            ["route"],
+            buckets=_LATENCY,
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "motor_coordinator_ttft_seconds",
+            "Time to the first response byte of a request",
+            ["route"],
+            buckets=_TTFT,
+            registry=r,
+        )
+        self.retries = Counter(
+            "motor_coordinator_retries",
+            "Upstream attempts retried on another endpoint",
+            ["reason"],
+            registry=r,
+        )
+        self.continuations = Counter(
+            "motor_coordinator_continuations",
+            "Streams continued on another decode after a mid-stream death",
+            registry=r,
+        )
+        self.upstream_errors = Counter(
+            "motor_coordinator_upstream_errors", "Failed upstream attempts", ["endpoint", "kind"], registry=r
+        )
+        self.breaker_state = Gauge(
+            "motor_coordinator_breaker_state",
+            "Circuit breaker per endpoint and role: 0 closed, 1 half-open, 2 open",
+            ["endpoint", "role"],
+            registry=r,
+        )
+        self.breaker_trips = Counter(
+            "motor_coordinator_breaker_trips", "Times a circuit opened", ["endpoint", "role"], registry=r
+        )
+        self.rate_limited = Counter(
+            "motor_coordinator_rate_limited", "Requests refused with 429", ["reason"], registry=r
+        )
+        self.aborts = Counter(
+            "motor_coordinator_client_aborts",
+            "Requests the client abandoned before the end",
+            ["route"],
+            registry=r,
+        )
+        self.precision_checks = Counter(
+            "motor_coordinator_precision_checks", "Responses sampled by the precision detector", registry=r
+        )
+        self.precision_alarms = Counter(
+            "motor_coordinator_precision_alarms", "Precision alarms raised", ["detector"], registry=r
+        )
+        self.refreshes = Counter(
+            "motor_coordinator_instance_refreshes",
+            "POST /v1/instances/refresh by result",
+            ["result"],
+            registry=r,
+        )
+        self.alarm_clears = Counter(
+            "motor_coordinator_alarm_clears", "POST /precision/alarm_cleared calls", registry=r
+        )
+        self._table_collector: TableCollector | None = None
+
+    def bind_table(self, table: RoutingTable, caught_up: Callable[[], bool] | None = None) -> None:
+        """Expose the routing table's per-endpoint gauges at scrape time (once)."""
+        if self._table_collector is None:
+            self._table_collector = TableCollector(table, caught_up)
+            self.registry.register(self._table_collector)
+
+    def render(self) -> bytes:
+        """The registry in Prometheus text format."""
+        return generate_latest(self.registry)

@@ -1,0 +1,457 @@
+"""RoutingTable: the coordinator's fold over the log, and the index the hot path reads.
+
+The table keeps a `core.state.ClusterState` (folded with `core.reducer.apply`, the same fold
+the controller and the replay tool use) and derives from it the endpoints a request may go
+to. Deriving is lazy: `apply` only marks the index dirty, the next read rebuilds it, so
+replaying a long log costs one rebuild, not one per event. Heartbeats (many, cheap) update
+the load numbers of live `Endpoint` objects in place and never dirty the index.
+
+`Endpoint` objects are kept across rebuilds (matched by key) so the proxy's `inflight`
+counts survive unrelated events.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from core.events import (
+    AnyEvent,
+    EndpointStatus,
+    EventBase,
+    Heartbeat,
+    InstanceState,
+    Role,
+)
+from core.reducer import apply as reduce_apply
+from core.state import ClusterState
+
+# Instance states whose READY endpoints take traffic. DEGRADED means "serving, part of it
+# unhealthy": its READY endpoints still serve; the unhealthy ones are not READY.
+ROUTABLE_STATES = frozenset({InstanceState.ACTIVE, InstanceState.DEGRADED})
+
+# Seed 001's role codes (static_info.role) and labels (static_info.label).
+ROLE_CODES = {80: Role.PREFILL, 68: Role.DECODE, 85: Role.UNION}
+LABEL_CODES = {2: Role.PREFILL, 3: Role.DECODE}
+
+# What an externally registered engine speaks for P/D when the refresh body does not say.
+DEFAULT_CAPABILITIES: dict[str, tuple[str, ...]] = {
+    "vllm": ("handoff",),
+    "sglang": ("bootstrap",),
+    "builtin": ("handoff", "bootstrap"),
+}
+
+# Preferred P/D protocol per engine type when a pair shares several.
+_CAPABILITY_PREFERENCE: dict[str, tuple[str, ...]] = {
+    "vllm": ("handoff", "trigger"),
+    "sglang": ("bootstrap",),
+    "builtin": ("handoff", "bootstrap"),
+}
+
+
+@dataclass(slots=True, eq=False)
+class Endpoint:
+    """One routable engine HTTP endpoint and its load."""
+
+    key: str  # stable: "<node_id>/<endpoint_id>" or "ext/<id>"
+    instance_id: int
+    role: Role
+    engine_type: str
+    model: str
+    host: str
+    port: int
+    bootstrap_port: int | None
+    capabilities: frozenset[str]
+    group: int | None  # P/D group for precision isolation (the d instance id)
+    running: int = 0
+    waiting: int = 0
+    avail_slots: int = 0
+    avail_blocks: int = 0
+    inflight: int = 0  # this coordinator's in-flight requests (the proxy increments/decrements)
+
+    @property
+    def load(self) -> int:
+        """Queue depth used by the load-aware policies."""
+        return self.running + self.waiting + self.inflight
+
+    @property
+    def base_url(self) -> str:
+        """`http://host:port` of the engine's business port."""
+        return f"http://{self.host}:{self.port}"
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON view for `GET /v1/instances`."""
+        return {
+            "key": self.key,
+            "instance_id": self.instance_id,
+            "role": self.role.value,
+            "engine_type": self.engine_type,
+            "model": self.model,
+            "host": self.host,
+            "port": self.port,
+            "bootstrap_port": self.bootstrap_port,
+            "capabilities": sorted(self.capabilities),
+            "group": self.group,
+            "running": self.running,
+            "waiting": self.waiting,
+            "avail_slots": self.avail_slots,
+            "avail_blocks": self.avail_blocks,
+            "inflight": self.inflight,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """Motor's router choice for one model: P/D two hops, a single hop, or none (503)."""
+
+    kind: Literal["pd", "single", "none"]
+    role: Role | None = None  # single: union or prefill
+    capability: str | None = None  # pd: the shared P/D protocol (handoff | bootstrap | ...)
+    engine_type: str | None = None  # pd: both sides speak this engine's protocol
+    reason: str = ""  # none: why nothing can serve
+
+
+@dataclass(slots=True)
+class _Derived:
+    """One endpoint as derived from the state, before routability filtering."""
+
+    ep: Endpoint
+    routable: bool
+    why: str  # why not routable, for GET /v1/instances
+
+
+def _never_open(key: str) -> bool:
+    return False
+
+
+class RoutingTable:
+    """A fold of lifecycle events into the set of endpoints requests may be routed to."""
+
+    def __init__(self, state: ClusterState | None = None) -> None:
+        self._state = state if state is not None else ClusterState()
+        self.is_open: Callable[[str], bool] = _never_open  # the proxy's circuit breaker
+        self._version = 0
+        self._dirty = True
+        self._all: dict[str, _Derived] = {}
+        self._routable: tuple[Endpoint, ...] = ()
+        self._by_node_ep: dict[tuple[str, int], Endpoint] = {}
+        self._known_models: frozenset[str] = frozenset()
+        self._cand_cache: dict[tuple[Role, str | None, str | None, str | None], list[Endpoint]] = {}
+        self._plan_cache: dict[str | None, Plan] = {}
+        self._signature: tuple[Any, ...] = ()
+        self.last_seq = 0  # MOTOR stream sequence of the last event applied
+
+    # ------------------------------------------------------------------ fold
+
+    @property
+    def state(self) -> ClusterState:
+        """The folded cluster state (read-only)."""
+        return self._state
+
+    def apply(self, event: AnyEvent | EventBase, seq: int = 0) -> None:
+        """Fold one event; `seq` is its MOTOR stream sequence (heartbeats have their own stream)."""
+        if isinstance(event, Heartbeat):
+            # MOTOR_HB sequences are another stream's: keep them out of last_seq.
+            self._state = reduce_apply(self._state, event, 0)
+            if not self._dirty:
+                self._apply_load(event)
+            return
+        self._state = reduce_apply(self._state, event, seq)
+        if seq > self.last_seq:
+            self.last_seq = seq
+        self._dirty = True
+
+    def apply_all(self, events: Iterable[tuple[int, AnyEvent | EventBase]]) -> None:
+        """Fold `(seq, event)` pairs."""
+        for seq, ev in events:
+            self.apply(ev, seq)
+
+    def _apply_load(self, hb: Heartbeat) -> None:
+        node_id = hb.data.node_id
+        for load in hb.data.endpoints:
+            ep = self._by_node_ep.get((node_id, load.id))
+            if ep is not None:
+                ep.running = load.running
+                ep.waiting = load.waiting
+                ep.avail_slots = load.avail_slots
+                ep.avail_blocks = load.avail_blocks
+
+    # ------------------------------------------------------------------ reads
+
+    @property
+    def version(self) -> int:
+        """Bumps whenever the set of routable endpoints (or their routing attributes) changes."""
+        if self._dirty:
+            self._rebuild()
+        return self._version
+
+    def candidates(
+        self,
+        role: Role,
+        model: str | None,
+        *,
+        engine_type: str | None = None,
+        capability: str | None = None,
+    ) -> list[Endpoint]:
+        """Routable endpoints of `role` serving `model` (any model when None), breaker-filtered."""
+        if self._dirty:
+            self._rebuild()
+        key = (role, model, engine_type, capability)
+        cached = self._cand_cache.get(key)
+        if cached is None:
+            cached = [
+                e
+                for e in self._routable
+                if e.role == role
+                and (model is None or e.model == model)
+                and (engine_type is None or e.engine_type == engine_type)
+                and (capability is None or capability in e.capabilities)
+            ]
+            self._cand_cache[key] = cached
+        is_open = self.is_open
+        if is_open is _never_open:
+            return cached
+        return [e for e in cached if not is_open(e.key)]
+
+    def plan(self, model: str | None) -> Plan:
+        """Motor's router choice: P/D when P and D share a capability, else a single hop, else none."""
+        if self._dirty:
+            self._rebuild()
+        cached = self._plan_cache.get(model)
+        if cached is None:
+            cached = self._make_plan(model)
+            self._plan_cache[model] = cached
+        return cached
+
+    def models(self) -> list[str]:
+        """Every model some known instance serves (routable now or not), sorted."""
+        if self._dirty:
+            self._rebuild()
+        return sorted(self._known_models)
+
+    def has_model(self, model: str) -> bool:
+        """Whether any known instance serves `model` (unknown model → 404, known but down → 503)."""
+        if self._dirty:
+            self._rebuild()
+        return model in self._known_models
+
+    def routable(self) -> tuple[Endpoint, ...]:
+        """Every routable endpoint (before the breaker)."""
+        if self._dirty:
+            self._rebuild()
+        return self._routable
+
+    def endpoint(self, key: str) -> Endpoint | None:
+        """The endpoint with this key, routable or not."""
+        if self._dirty:
+            self._rebuild()
+        d = self._all.get(key)
+        return d.ep if d is not None else None
+
+    def describe(self) -> list[dict[str, Any]]:
+        """Every known endpoint with its routability, for `GET /v1/instances`."""
+        if self._dirty:
+            self._rebuild()
+        out = []
+        for key in sorted(self._all):
+            d = self._all[key]
+            row = d.ep.as_dict()
+            row["routable"] = d.routable and not self.is_open(key)
+            row["reason"] = d.why if not d.routable else ("circuit open" if self.is_open(key) else "")
+            out.append(row)
+        return out
+
+    # ------------------------------------------------------------------ plan
+
+    def _make_plan(self, model: str | None) -> Plan:
+        eps = [e for e in self._routable if model is None or e.model == model]
+        prefill = [e for e in eps if e.role == Role.PREFILL]
+        decode = [e for e in eps if e.role == Role.DECODE]
+        union = [e for e in eps if e.role == Role.UNION]
+        if prefill and decode:
+            shared = _shared_protocols(prefill, decode)
+            if shared:
+                engine_type, capability = shared[0]
+                return Plan(kind="pd", capability=capability, engine_type=engine_type)
+        if union:
+            return Plan(kind="single", role=Role.UNION)
+        if prefill and decode:
+            return Plan(
+                kind="none",
+                reason="no compatible prefill/decode pair: "
+                f"prefill speaks {_protocols(prefill)}, decode speaks {_protocols(decode)}",
+            )
+        if prefill:
+            return Plan(kind="single", role=Role.PREFILL)
+        what = f"model {model!r}" if model is not None else "any model"
+        if decode:
+            return Plan(kind="none", reason=f"only decode instances are routable for {what}")
+        return Plan(kind="none", reason=self._why_none(model, what))
+
+    def _why_none(self, model: str | None, what: str) -> str:
+        known = [d for d in self._all.values() if model is None or d.ep.model == model]
+        if not known:
+            return f"no instance serves {what}"
+        reasons = sorted({d.why for d in known if d.why})
+        return f"no routable instance for {what}" + (f" ({'; '.join(reasons)})" if reasons else "")
+
+    # ------------------------------------------------------------------ derive
+
+    def _rebuild(self) -> None:
+        derived = self._derive()
+        old = self._all
+        for key, d in derived.items():
+            prev = old.get(key)
+            if prev is not None:
+                # Keep the live object (the proxy holds it and counts in-flight on it).
+                _copy_attrs(prev.ep, d.ep)
+                d.ep = prev.ep
+        self._all = derived
+        self._routable = tuple(d.ep for k, d in sorted(derived.items()) if d.routable)
+        self._by_node_ep = {}
+        for key, d in derived.items():
+            if not key.startswith("ext/"):
+                node_id, _, ep_id = key.rpartition("/")
+                self._by_node_ep[(node_id, int(ep_id))] = d.ep
+        self._known_models = frozenset(d.ep.model for d in derived.values())
+        signature = tuple(
+            (e.key, e.role, e.engine_type, e.model, e.host, e.port, e.bootstrap_port, e.capabilities, e.group)
+            for e in self._routable
+        )
+        if signature != self._signature:
+            self._signature = signature
+            self._version += 1
+        # The plan also depends on the reasons for non-routability; cheap to recompute.
+        self._cand_cache = {}
+        self._plan_cache = {}
+        self._dirty = False
+
+    def _alarmed(self) -> frozenset[int]:
+        ids: set[int] = set()
+        for alarm in self._state.alarms.values():
+            ids.add(alarm.data.d_instance_id)
+            if alarm.data.p_instance_id is not None:
+                ids.add(alarm.data.p_instance_id)
+        return frozenset(ids)
+
+    def _derive(self) -> dict[str, _Derived]:
+        s = self._state
+        alarmed = self._alarmed()
+        out: dict[str, _Derived] = {}
+        for inst in s.instances.values():
+            spec = inst.spec
+            inst_ok = inst.state in ROUTABLE_STATES
+            alarm = spec.instance_id in alarmed
+            for member in spec.members:
+                node = s.nodes.get(member.node_id)
+                loads = {x.id: x for x in node.load} if node is not None else {}
+                caps = spec.capabilities or (node.reg.capabilities if node is not None else ())
+                for es in member.endpoints:
+                    if es.headless:
+                        continue  # a DP rank without an HTTP server of its own
+                    key = f"{member.node_id}/{es.id}"
+                    load = loads.get(es.id)
+                    ep = Endpoint(
+                        key=key,
+                        instance_id=spec.instance_id,
+                        role=spec.role,
+                        engine_type=spec.engine_type,
+                        model=spec.model,
+                        host=es.ip,
+                        port=es.business_port,
+                        bootstrap_port=es.bootstrap_port,
+                        capabilities=frozenset(caps),
+                        group=None if spec.role == Role.PREFILL else spec.instance_id,
+                        running=load.running if load else 0,
+                        waiting=load.waiting if load else 0,
+                        avail_slots=load.avail_slots if load else 0,
+                        avail_blocks=load.avail_blocks if load else 0,
+                    )
+                    status = node.endpoint_status.get(es.id) if node is not None else None
+                    if not inst_ok:
+                        why = f"instance {spec.instance_id} is {inst.state.value}"
+                    elif node is None:
+                        why = f"node {member.node_id} is not registered"
+                    elif node.instance_id != spec.instance_id:
+                        why = f"node {member.node_id} left instance {spec.instance_id}"
+                    elif status != EndpointStatus.READY:
+                        why = f"endpoint {key} is {status.value if status else 'not started'}"
+                    elif alarm:
+                        why = f"precision alarm on instance {spec.instance_id}"
+                    else:
+                        why = ""
+                    out[key] = _Derived(ep, not why, why)
+        for ext_id, raw in s.external.items():
+            ep = external_endpoint(ext_id, raw)
+            why = f"precision alarm on instance {ext_id}" if ext_id in alarmed else ""
+            out[ep.key] = _Derived(ep, not why, why)
+        return out
+
+
+def external_endpoint(ext_id: int, raw: dict[str, Any]) -> Endpoint:
+    """The endpoint of one instance registered through `POST /v1/instances/refresh` (seed 001)."""
+    static = raw.get("static_info") or {}
+    dynamic = raw.get("dynamic_info") or {}
+    role = ROLE_CODES.get(int(static.get("role", 85)), Role.UNION)
+    engine_type = str(raw.get("engine_type") or "vllm")
+    caps = raw.get("capabilities")
+    capabilities = (
+        frozenset(caps) if caps is not None else frozenset(DEFAULT_CAPABILITIES.get(engine_type, ()))
+    )
+    total_slots = int(static.get("total_slots_num", 0))
+    avail_slots = int(dynamic.get("avail_slots_num", total_slots))
+    bootstrap = raw.get("bootstrap_port")
+    group = static.get("group_id")
+    return Endpoint(
+        key=f"ext/{ext_id}",
+        instance_id=ext_id,
+        role=role,
+        engine_type=engine_type,
+        model=str(raw.get("model_name", "")),
+        host=str(raw.get("ip", "")),
+        port=int(raw.get("port", 0)),
+        bootstrap_port=int(bootstrap) if bootstrap is not None else None,
+        capabilities=capabilities,
+        group=int(group) if group is not None else None,
+        running=max(0, total_slots - avail_slots),
+        avail_slots=avail_slots,
+        avail_blocks=int(dynamic.get("avail_block_num", 0)),
+    )
+
+
+def _copy_attrs(dst: Endpoint, src: Endpoint) -> None:
+    for name in (
+        "instance_id",
+        "role",
+        "engine_type",
+        "model",
+        "host",
+        "port",
+        "bootstrap_port",
+        "capabilities",
+        "group",
+        "running",
+        "waiting",
+        "avail_slots",
+        "avail_blocks",
+    ):
+        setattr(dst, name, getattr(src, name))
+
+
+def _protocols(eps: list[Endpoint]) -> str:
+    pairs = sorted({f"{e.engine_type}:{c}" for e in eps for c in e.capabilities} or {"nothing"})
+    return ",".join(pairs)
+
+
+def _shared_protocols(prefill: list[Endpoint], decode: list[Endpoint]) -> list[tuple[str, str]]:
+    """(engine_type, capability) pairs both sides speak, preferred first (fail closed: same engine)."""
+    p = {(e.engine_type, c) for e in prefill for c in e.capabilities}
+    d = {(e.engine_type, c) for e in decode for c in e.capabilities}
+    shared = p & d
+
+    def rank(pair: tuple[str, str]) -> tuple[int, str, str]:
+        pref = _CAPABILITY_PREFERENCE.get(pair[0], ())
+        return (pref.index(pair[1]) if pair[1] in pref else len(pref), pair[0], pair[1])
+
+    return sorted(shared, key=rank)
