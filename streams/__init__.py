@@ -1,0 +1,1 @@
+"""The JetStream side of Motor: server, connection, streams, publish, read/follow, checkpoints."""

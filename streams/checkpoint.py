@@ -1,0 +1,72 @@
+"""Controller state checkpoints in KV: the state and the stream sequence it was folded to.
+
+A restart loads the checkpoint and replays only the tail after `state.last_seq`. Values
+are zlib-compressed JSON (`state_to_dict`), which keeps a large cluster's state well under
+the server's max payload.
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+
+import orjson
+from nats.js import JetStreamContext
+from nats.js.errors import BucketNotFoundError, KeyNotFoundError
+from nats.js.errors import Error as JsError
+
+from core.state import ClusterState, state_from_dict, state_to_dict
+from streams.definitions import CHECKPOINT_BUCKET
+from streams.errors import CheckpointError
+
+FORMAT = 1
+_KEY = re.compile(r"^[-/_=.a-zA-Z0-9]+$")
+
+
+def _check_key(key: str) -> str:
+    if not _KEY.match(key) or key.startswith(".") or key.endswith("."):
+        raise CheckpointError(f"checkpoint key {key!r} is not a valid KV key (use A-Z a-z 0-9 - _ / = .)")
+    return key
+
+
+def encode_checkpoint(state: ClusterState) -> bytes:
+    """The stored form of a state."""
+    body = {"format": FORMAT, "seq": state.last_seq, "state": state_to_dict(state)}
+    return zlib.compress(orjson.dumps(body), 6)
+
+
+def decode_checkpoint(value: bytes) -> ClusterState:
+    """Inverse of `encode_checkpoint`."""
+    try:
+        raw = orjson.loads(zlib.decompress(value))
+        if raw.get("format") != FORMAT:
+            raise CheckpointError(f"checkpoint format {raw.get('format')!r} is not {FORMAT}")
+        return state_from_dict(raw["state"])
+    except (zlib.error, orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        raise CheckpointError(f"unreadable checkpoint: {exc}") from None
+
+
+async def save_checkpoint(js: JetStreamContext, key: str, state: ClusterState) -> None:
+    """Store `state` (folded up to `state.last_seq`) under `key`."""
+    value = encode_checkpoint(state)
+    try:
+        kv = await js.key_value(CHECKPOINT_BUCKET)
+        await kv.put(_check_key(key), value)
+    except BucketNotFoundError:
+        raise CheckpointError(f"KV bucket {CHECKPOINT_BUCKET} missing (run ensure_streams)") from None
+    except JsError as exc:
+        raise CheckpointError(f"cannot save checkpoint {key!r} ({len(value)} bytes): {exc}") from None
+
+
+async def load_checkpoint(js: JetStreamContext, key: str) -> ClusterState | None:
+    """The last checkpoint under `key`, or None if there is none."""
+    try:
+        kv = await js.key_value(CHECKPOINT_BUCKET)
+        entry = await kv.get(_check_key(key))
+    except BucketNotFoundError:
+        raise CheckpointError(f"KV bucket {CHECKPOINT_BUCKET} missing (run ensure_streams)") from None
+    except KeyNotFoundError:
+        return None
+    if entry.value is None:
+        return None
+    return decode_checkpoint(entry.value)

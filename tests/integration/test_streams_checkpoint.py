@@ -1,0 +1,39 @@
+"""Checkpoints in KV: save/load round trip, missing key, bad key."""
+
+from __future__ import annotations
+
+import pytest
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+
+from core.reducer import fold
+from core.state import state_to_dict
+from streams.checkpoint import load_checkpoint, save_checkpoint
+from streams.errors import CheckpointError
+from streams.publisher import Publisher
+from streams.reader import read_range
+from tests.unit.factories import assembled, registered
+
+
+async def test_checkpoint_round_trip_keeps_state_and_seq(js: JetStreamContext, nc: Client) -> None:
+    pub = Publisher(js)
+    for ev in (registered("a"), registered("b", ts=1.5), assembled(1, ["a", "b"])):
+        await pub.publish(ev)
+    records = [r async for r in read_range(nc)]
+    state = fold((r.seq, r.event) for r in records)
+
+    await save_checkpoint(js, "controller", state)
+    loaded = await load_checkpoint(js, "controller")
+
+    assert loaded is not None
+    assert loaded.last_seq == records[-1].seq
+    assert state_to_dict(loaded) == state_to_dict(state)
+
+
+async def test_missing_checkpoint_is_none(js: JetStreamContext) -> None:
+    assert await load_checkpoint(js, "nobody") is None
+
+
+async def test_bad_checkpoint_key_names_the_key(js: JetStreamContext) -> None:
+    with pytest.raises(CheckpointError, match="no spaces"):
+        await load_checkpoint(js, "no spaces")
