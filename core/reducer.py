@@ -201,6 +201,8 @@ def _snapshot(s: ClusterState, ev: SnapshotCheckpoint, seq: int) -> ClusterState
         ts=ev.ts,
         instance_id=d.instance_id if d.instance_id is not None else (old.instance_id if old else None),
         job_name=d.job_name if d.job_name is not None else (old.job_name if old else None),
+        seq=seq,
+        event_id=ev.id,
     )
     return replace(s, snapshots=s.snapshots.set(d.node_id, rec))
 

@@ -114,6 +114,8 @@ class SnapshotRecord:
     ts: float
     instance_id: int | None = None
     job_name: str | None = None
+    seq: int = 0
+    event_id: str = ""
 
     @property
     def pending(self) -> bool:
@@ -234,7 +236,14 @@ def state_to_dict(state: ClusterState) -> dict[str, Any]:
             for k, a in sorted(state.alarms.items())
         },
         "snapshots": {
-            k: {"phase": s.phase.value, "ts": s.ts, "instance_id": s.instance_id, "job_name": s.job_name}
+            k: {
+                "phase": s.phase.value,
+                "ts": s.ts,
+                "instance_id": s.instance_id,
+                "job_name": s.job_name,
+                "seq": s.seq,
+                "event_id": s.event_id,
+            }
             for k, s in sorted(state.snapshots.items())
         },
         "external": {str(k): v for k, v in sorted(state.external.items())},
@@ -294,7 +303,14 @@ def state_from_dict(raw: dict[str, Any]) -> ClusterState:
         for k, a in raw["alarms"].items()
     }
     snapshots = {
-        k: SnapshotRecord(SnapshotPhase(s["phase"]), s["ts"], s["instance_id"], s["job_name"])
+        k: SnapshotRecord(
+            SnapshotPhase(s["phase"]),
+            s["ts"],
+            s["instance_id"],
+            s["job_name"],
+            s.get("seq", 0),
+            s.get("event_id", ""),
+        )
         for k, s in raw["snapshots"].items()
     }
     leader = raw.get("leader")
