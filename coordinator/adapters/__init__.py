@@ -1,0 +1,1 @@
+"""P/D protocol adapters, one per engine protocol: vLLM handoff and SGLang bootstrap."""

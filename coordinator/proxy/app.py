@@ -1,0 +1,241 @@
+"""The /v1 hot path: checks a request (size, key, rate, JSON, model), picks a plan, hands it to
+the flows; every other path goes to the management app in-process.
+
+Budget: the client's body is parsed once (orjson) for routing and, on a single hop, sent to
+the engine as the very bytes the client sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, Protocol
+
+import orjson
+
+from coordinator.errors import CoordinatorError, error_body
+from coordinator.proxy.asgi import serve_asgi
+from coordinator.proxy.call import Call
+from coordinator.proxy.flows import Flows
+from coordinator.proxy.server import ClientConn, Request
+from core.ids import new_id
+
+CHAT = b"/v1/chat/completions"
+COMPLETIONS = b"/v1/completions"
+EMBEDDINGS = b"/v1/embeddings"
+MESSAGES = b"/v1/messages"
+COUNT_TOKENS = b"/v1/messages/count_tokens"
+MODELS = b"/v1/models"
+
+# Client path -> (metrics route name, engine path).
+_GENERATION = {
+    CHAT: ("chat", CHAT),
+    COMPLETIONS: ("completions", COMPLETIONS),
+    EMBEDDINGS: ("embeddings", EMBEDDINGS),
+    MESSAGES: ("messages", CHAT),
+}
+
+
+class Refusal(Protocol):
+    """What a limiter says when it refuses (see `coordinator.ratelimit.Refusal`)."""
+
+    reason: str
+
+    @property
+    def header(self) -> str: ...
+
+    @property
+    def message(self) -> str: ...
+
+
+class Limiter(Protocol):
+    """The rate-limit hook: `try_acquire` admits (None) or refuses; `release` ends an admitted one."""
+
+    def try_acquire(self) -> Refusal | None: ...
+
+    def release(self) -> None: ...
+
+
+class ProxyApp:
+    """The request handler the protocol server calls for every request."""
+
+    def __init__(
+        self,
+        flows: Flows,
+        *,
+        api_keys: list[str] | tuple[str, ...] = (),
+        metrics: Any = None,
+        mgmt_app: Any = None,
+        limiter: Limiter | None = None,
+        on_done: Any = None,
+    ) -> None:
+        self.flows = flows
+        self.table = flows.table
+        self.keys = frozenset(b"Bearer " + k.encode() for k in api_keys)
+        self.raw_keys = frozenset(k.encode() for k in api_keys)
+        self.metrics = metrics
+        self.mgmt = mgmt_app
+        self.limiter = limiter
+        self.on_done = on_done  # called with each finished Call (precision detector hook)
+        self._requests: dict[tuple[str, int], Any] = {}
+        self._latency: dict[str, Any] = {}
+        self._ttft: dict[str, Any] = {}
+
+    async def __call__(self, conn: ClientConn, req: Request) -> None:
+        path = req.path
+        gen = _GENERATION.get(path)
+        if gen is not None:
+            if req.method != b"POST":
+                self._error(conn, req, 405, f"{path.decode()} takes POST")
+                return
+            await self._generate(conn, req, gen[0], gen[1])
+            return
+        if path in (MODELS, COUNT_TOKENS):
+            if not self._authorized(req):
+                self._error(conn, req, 401, "missing or wrong API key", "invalid_api_key")
+            elif path == MODELS:
+                self._models(conn, req)
+            else:
+                self._count_tokens(conn, req)
+            return
+        if self.mgmt is not None:
+            if path.startswith(b"/v1/") and not self._authorized(req):
+                self._error(conn, req, 401, "missing or wrong API key", "invalid_api_key")
+                return
+            await serve_asgi(self.mgmt, conn, req)
+            return
+        self._error(conn, req, 404, f"no route for {path.decode('latin-1')}")
+
+    # ------------------------------------------------------------------ generation
+
+    async def _generate(self, conn: ClientConn, req: Request, route: str, engine_path: bytes) -> None:
+        if req.too_large:
+            self._error(conn, req, 413, f"request body over the limit of {conn.max_body} bytes")
+            return
+        if not self._authorized(req):
+            self._error(conn, req, 401, "missing or wrong API key", "invalid_api_key")
+            return
+        limiter = self.limiter
+        if limiter is not None:
+            refusal = limiter.try_acquire()
+            if refusal is not None:
+                if self.metrics is not None:
+                    self.metrics.rate_limited.labels(reason=refusal.reason).inc()
+                retry = [(b"retry-after", refusal.header.encode())]
+                self._error(conn, req, 429, refusal.message, "rate_limit_exceeded", retry)
+                return
+        try:
+            await self._routed(conn, req, route, engine_path)
+        finally:
+            if limiter is not None:
+                limiter.release()
+
+    async def _routed(self, conn: ClientConn, req: Request, route: str, engine_path: bytes) -> None:
+        try:
+            body = orjson.loads(req.body)
+        except orjson.JSONDecodeError as exc:
+            self._error(conn, req, 400, f"request body is not valid JSON: {exc}", "invalid_json")
+            return
+        if not isinstance(body, dict):
+            self._error(conn, req, 400, "request body must be a JSON object", "invalid_json")
+            return
+        raw = req.body
+        anthropic = route == "messages"
+        if anthropic:
+            from coordinator.anthropic import messages_to_chat
+
+            try:
+                body = messages_to_chat(body)
+            except CoordinatorError as exc:
+                self._error(conn, req, exc.status, exc.message, exc.code)
+                return
+            raw = orjson.dumps(body)
+        model = body.get("model")
+        if model is not None and not isinstance(model, str):
+            self._error(conn, req, 400, "model must be a string", "invalid_model")
+            return
+        if model is not None and not self.table.has_model(model):
+            self._error(conn, req, 404, f"model {model!r} is not served here", "model_not_found")
+            return
+        stream = body.get("stream")
+        if stream is not None and not isinstance(stream, bool):
+            self._error(conn, req, 400, "stream must be a boolean", "invalid_stream")
+            return
+        plan = self.table.plan(model)
+        if plan.kind == "none":
+            self._error(conn, req, 503, plan.reason or "no routable instance", "no_routable_instance")
+            return
+        rid = req.headers.get(b"x-request-id")
+        root = rid.decode("latin-1") if rid else new_id()
+        call = Call(conn, req, route, engine_path, body, raw, root)
+        call.anthropic = anthropic
+        try:
+            await self.flows.run(call, plan)
+        except asyncio.CancelledError:
+            if self.metrics is not None:
+                self.metrics.aborts.labels(route=route).inc()
+            raise
+        self._observe(call)
+        if self.on_done is not None:
+            self.on_done(call)
+
+    def _observe(self, call: Call) -> None:
+        m = self.metrics
+        if m is None:
+            return
+        key = (call.route, call.status)
+        counter = self._requests.get(key)
+        if counter is None:
+            counter = self._requests[key] = m.requests.labels(route=call.route, status=str(call.status))
+            self._latency[call.route] = m.latency.labels(route=call.route)
+            self._ttft[call.route] = m.ttft.labels(route=call.route)
+        counter.inc()
+        self._latency[call.route].observe(time.perf_counter() - call.t0)
+        if call.ttft is not None:
+            self._ttft[call.route].observe(call.ttft)
+
+    # ------------------------------------------------------------------ local answers
+
+    def _models(self, conn: ClientConn, req: Request) -> None:
+        data = [{"id": m, "object": "model", "created": 0, "owned_by": "motor"} for m in self.table.models()]
+        conn.send(req, 200, orjson.dumps({"object": "list", "data": data}))
+
+    def _count_tokens(self, conn: ClientConn, req: Request) -> None:
+        from coordinator.anthropic import count_tokens
+
+        try:
+            body = orjson.loads(req.body)
+        except orjson.JSONDecodeError as exc:
+            self._error(conn, req, 400, f"request body is not valid JSON: {exc}", "invalid_json")
+            return
+        try:
+            out = count_tokens(body)
+        except CoordinatorError as exc:
+            self._error(conn, req, exc.status, exc.message, exc.code)
+            return
+        conn.send(req, 200, orjson.dumps(out))
+
+    # ------------------------------------------------------------------ helpers
+
+    def _authorized(self, req: Request) -> bool:
+        if not self.keys:
+            return True
+        auth = req.headers.get(b"authorization")
+        if auth is not None and auth in self.keys:
+            return True
+        key = req.headers.get(b"x-api-key")  # the Anthropic SDK's header
+        return key is not None and key in self.raw_keys
+
+    def _error(
+        self,
+        conn: ClientConn,
+        req: Request,
+        status: int,
+        message: str,
+        code: str | None = None,
+        extra: list[tuple[bytes, bytes]] | None = None,
+    ) -> None:
+        conn.send(req, status, error_body(status, message, None, code), extra=extra)
+        if self.metrics is not None:
+            route = _GENERATION.get(req.path, ("other", b""))[0]
+            self.metrics.requests.labels(route=route, status=str(status)).inc()

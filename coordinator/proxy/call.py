@@ -1,0 +1,158 @@
+"""One client request in flight: what the flows share, and how its bytes reach the client.
+
+`Call` carries the parsed body, the root request id, the endpoints tried, and whether the
+response is committed (head written: from then on a failure cannot become a clean retry).
+A `Sink` turns an engine's decoded body into client bytes when the proxy cannot pass the
+bytes through untouched (Anthropic translation, a continued stream).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from coordinator.anthropic_stream import StreamTranslator
+from coordinator.proxy import http1
+from coordinator.proxy.resume import Progress, StreamSplicer
+from coordinator.proxy.server import ClientConn, Request
+from coordinator.table import Endpoint
+
+
+class Retry(Exception):
+    """An attempt failed before anything was committed to the client."""
+
+    def __init__(self, reason: str, status: int = 502, body: bytes | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.status = status
+        self.body = body
+
+
+class Sink:
+    """Decoded engine body in, client bytes out (chunk-framed)."""
+
+    def head(self, call: Call) -> bytes | None:
+        """The response head to write before the first bytes, or None if already written."""
+        return None
+
+    def feed(self, data: bytes) -> bytes:
+        raise NotImplementedError
+
+    def end(self) -> bytes:
+        raise NotImplementedError
+
+
+class SpliceSink(Sink):
+    """A continued OpenAI stream: events rewritten into the original stream."""
+
+    def __init__(self, p: Progress) -> None:
+        self.splicer = StreamSplicer(p)
+
+    def feed(self, data: bytes) -> bytes:
+        out = self.splicer.feed(data)
+        return http1.chunk(out) if out else b""
+
+    def end(self) -> bytes:
+        tail = b"" if self.splicer.done else http1.chunk(b"data: [DONE]\n\n")
+        return tail + http1.LAST_CHUNK
+
+
+class AnthropicSink(Sink):
+    """An OpenAI chat stream translated to Anthropic events (continuations spliced first)."""
+
+    def __init__(self, model: str) -> None:
+        self.translator = StreamTranslator(model)
+        self.splicer: StreamSplicer | None = None
+        self.head_sent = False
+
+    def head(self, call: Call) -> bytes | None:
+        if self.head_sent:
+            return None
+        self.head_sent = True
+        return http1.build_head(
+            200,
+            [
+                (b"content-type", http1.SSE_CT),
+                (b"cache-control", b"no-cache"),
+                (b"x-request-id", call.root_b),
+            ],
+            content_length=None,
+            keep_alive=call.req.keep_alive,
+        )
+
+    def feed(self, data: bytes) -> bytes:
+        if self.splicer is not None:
+            data = self.splicer.feed(data)
+        out = self.translator.feed_sse(data)
+        return http1.chunk(out) if out else b""
+
+    def end(self) -> bytes:
+        out = self.translator.finish()
+        return (http1.chunk(out) if out else b"") + http1.LAST_CHUNK
+
+
+class Call:
+    """Per-request state shared by the single-hop and P/D flows."""
+
+    __slots__ = (
+        "anthropic",
+        "body",
+        "committed",
+        "conn",
+        "exclude",
+        "model",
+        "origin",
+        "path",
+        "prefill_by",
+        "progress",
+        "raw",
+        "req",
+        "resp_body",
+        "root",
+        "root_b",
+        "route",
+        "served_by",
+        "sink",
+        "status",
+        "stream",
+        "t0",
+        "ttft",
+    )
+
+    def __init__(
+        self,
+        conn: ClientConn,
+        req: Request,
+        route: str,
+        path: bytes,
+        body: dict[str, Any],
+        raw: bytes,
+        root: str,
+    ) -> None:
+        self.conn = conn
+        self.req = req
+        self.route = route
+        self.path = path  # the engine path (/v1/chat/completions for Anthropic requests)
+        self.body = body
+        self.origin = body  # continuations are built from this plus all text so far
+        self.raw = raw  # the body as sent to a single-hop engine (the client's bytes if untouched)
+        model = body.get("model")
+        self.model: str | None = model if isinstance(model, str) else None
+        self.stream = body.get("stream") is True
+        self.root = root
+        self.root_b = root.encode()
+        self.exclude: set[str] = set()
+        self.committed = False
+        self.status = 0
+        self.t0 = time.perf_counter()
+        self.ttft: float | None = None
+        self.sink: Sink | None = None
+        self.anthropic = False
+        self.progress: Progress | None = None
+        self.served_by: Endpoint | None = None  # the endpoint whose response the client got
+        self.prefill_by: Endpoint | None = None  # its prefill peer in P/D
+        self.resp_body: list[bytes] | None = None  # that response's decoded body (detector)
+
+    def request_id(self, attempt: int) -> str:
+        """The engine request id of one attempt: `{root}#a{attempt}`."""
+        return f"{self.root}#a{attempt}"

@@ -1,0 +1,313 @@
+"""Keep-alive upstream connections to engines: one asyncio Protocol each, pooled per address.
+
+httptools parses a response only to learn its status, headers and where it ends; after the
+proxy commits a response to its client, the engine's bytes are written to the client socket
+from `data_received` as they arrive, framing included, without a task switch per chunk. The
+decoded body is kept alongside, so a stream that dies midway can be continued elsewhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Callable
+from typing import Any
+
+import httptools
+
+
+class UpstreamError(Exception):
+    """An exchange with an engine failed; `sent` tells whether any response byte arrived."""
+
+    def __init__(self, message: str, *, got_bytes: bool = False, timeout: bool = False) -> None:
+        super().__init__(message)
+        self.got_bytes = got_bytes
+        self.timeout = timeout
+
+
+def _nodelay(transport: asyncio.BaseTransport) -> None:
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError:
+            pass
+
+
+class UpstreamConn(asyncio.Protocol):
+    """One keep-alive HTTP/1.1 connection to an engine, one exchange at a time."""
+
+    def __init__(self, pool: UpstreamPool, key: tuple[str, int]) -> None:
+        self.pool = pool
+        self.key = key
+        self.loop = pool.loop
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpResponseParser(self)
+        self.closed = False
+        self.reused = False
+        self._reset()
+
+    def _reset(self) -> None:
+        self.status = 0
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.head_done = False
+        self.complete = False
+        self.keep_alive = False
+        self.chunked = False
+        self.got_bytes = False
+        self.raw = bytearray()  # bytes before the end of the head is known
+        self.body_raw: list[bytes] = []  # raw body bytes (framing included) before commit
+        self.body: list[bytes] = []  # decoded body
+        self.body_len = 0
+        self.error: UpstreamError | None = None
+        self.waiter: asyncio.Future[None] | None = None
+        self.forward: Any = None  # client transport once committed in raw mode
+        self.on_data: Callable[[bytes], None] | None = None  # transform mode after commit
+        self.timer: asyncio.TimerHandle | None = None
+        self.chunk_open = False  # inside a chunk: a cut here leaves the client mid-frame
+
+    # ------------------------------------------------------------------ protocol callbacks
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # uvloop's is not a subclass
+        _nodelay(transport)
+
+    def data_received(self, data: bytes) -> None:
+        self.got_bytes = True
+        fwd = self.forward
+        if fwd is not None:
+            # Committed: pass the bytes through first, then let the parser find the end.
+            fwd.write(data)
+            try:
+                self.parser.feed_data(data)
+            except httptools.HttpParserError as exc:
+                self._fail(f"bad response from engine: {exc}")
+            return
+        if not self.head_done:
+            self.raw += data
+        elif self.on_data is None:
+            self.body_raw.append(data)
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._fail(f"bad response from engine: {exc}")
+            return
+        if self.head_done and self.raw:
+            end = self.raw.find(b"\r\n\r\n")
+            rest = bytes(self.raw[end + 4 :])
+            self.raw = bytearray()
+            if rest and self.on_data is None:
+                self.body_raw.append(rest)
+        w = self.waiter
+        if (
+            w is not None
+            and not w.done()
+            and (self.complete or (self.body_len and self.status < 300 and self.on_data is None))
+        ):
+            self._cancel_timer()
+            w.set_result(None)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.pool.forget(self)
+        if not self.complete and self.waiter is not None:
+            self._fail("engine closed the connection" + (f": {exc}" if exc else ""))
+
+    def pause_writing(self) -> None:  # engine not reading our request body fast enough
+        pass
+
+    # httptools callbacks
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name.lower(), value))
+
+    def on_headers_complete(self) -> None:
+        self.status = self.parser.get_status_code()
+        self.head_done = True
+        for n, v in self.headers:
+            if n == b"transfer-encoding" and b"chunked" in v.lower():
+                self.chunked = True
+
+    def on_body(self, body: bytes) -> None:
+        self.body.append(body)
+        self.body_len += len(body)
+        cb = self.on_data
+        if cb is not None:
+            cb(body)
+
+    def on_chunk_header(self) -> None:
+        self.chunk_open = True
+
+    def on_chunk_complete(self) -> None:
+        self.chunk_open = False
+
+    def on_message_complete(self) -> None:
+        # httptools resets should_keep_alive() once feed_data returns: read it here.
+        self.keep_alive = self.parser.should_keep_alive()
+        self.complete = True
+        self._cancel_timer()
+        w = self.waiter
+        if w is not None and not w.done() and (self.forward is not None or self.on_data is not None):
+            w.set_result(None)
+
+    # ------------------------------------------------------------------ exchange API
+
+    def send(self, data: bytes, first_byte_timeout: float | None) -> asyncio.Future[None]:
+        """Write a request; the future resolves at the first body byte, completion or error."""
+        self._reset()
+        self.waiter = self.loop.create_future()
+        if first_byte_timeout is not None:
+            self.timer = self.loop.call_later(first_byte_timeout, self._on_timeout)
+        assert self.transport is not None
+        self.transport.write(data)
+        return self.waiter
+
+    def commit(self, client: Any, head: bytes) -> asyncio.Future[None] | None:
+        """Write `head` and the body so far to `client`; forward the rest raw as it arrives.
+
+        Returns None when the response was already complete, else a future resolving at its
+        end (or failing when the engine dies midway).
+        """
+        if self.error is not None:
+            raise self.error
+        self.raw = bytearray()
+        data = head + b"".join(self.body_raw) if self.body_raw else head
+        self.body_raw = []
+        client.write(data)
+        if self.complete:
+            return None
+        self.forward = client
+        self.waiter = self.loop.create_future()
+        return self.waiter
+
+    def stream_to(self, on_data: Callable[[bytes], None]) -> asyncio.Future[None] | None:
+        """Deliver the decoded body (so far and from now on) to `on_data`; None if complete."""
+        self.body_raw = []
+        for part in self.body:
+            on_data(part)
+        if self.complete or self.error is not None:
+            if self.error is not None:
+                raise self.error
+            return None
+        self.on_data = on_data
+        self.waiter = self.loop.create_future()
+        return self.waiter
+
+    async def read_all(self) -> bytes:
+        """Wait for the whole response and return its decoded body."""
+        while not self.complete:
+            if self.error is not None:
+                raise self.error
+            self.waiter = self.loop.create_future()
+            self.on_data = _ignore
+            await self.waiter
+        return b"".join(self.body)
+
+    def release(self) -> None:
+        """Return the connection to the pool if reusable, otherwise close it."""
+        self.forward = None
+        self.on_data = None
+        self.waiter = None
+        if self.complete and self.keep_alive and not self.closed and self.error is None:
+            self.reused = True
+            self.pool.put(self)
+        else:
+            self.close()
+
+    def close(self) -> None:
+        """Close for good (a client abort: the engine sees the disconnect and stops)."""
+        self._cancel_timer()
+        self.forward = None
+        self.on_data = None
+        if not self.closed:
+            self.closed = True
+            if self.transport is not None:
+                self.transport.abort()
+        self.pool.forget(self)
+
+    def pause(self) -> None:
+        if self.transport is not None and not self.closed:
+            self.transport.pause_reading()
+
+    def resume(self) -> None:
+        if self.transport is not None and not self.closed:
+            self.transport.resume_reading()
+
+    # ------------------------------------------------------------------ internals
+
+    def _cancel_timer(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    def _on_timeout(self) -> None:
+        self.timer = None
+        if self.waiter is not None and not self.waiter.done() and self.body_len == 0:
+            self._fail("engine sent no token before the first-token timeout", timeout=True)
+            self.close()
+
+    def _fail(self, message: str, *, timeout: bool = False) -> None:
+        if self.error is None:
+            self.error = UpstreamError(message, got_bytes=self.got_bytes, timeout=timeout)
+        self._cancel_timer()
+        w = self.waiter
+        if w is not None and not w.done():
+            w.set_exception(self.error)
+        if not self.closed and self.transport is not None:
+            self.closed = True
+            self.transport.abort()
+
+
+def _ignore(_: bytes) -> None:
+    return None
+
+
+class UpstreamPool:
+    """Idle keep-alive connections per (host, port); a connection serves one exchange at a time."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, *, max_idle_per_host: int = 256) -> None:
+        self.loop = loop
+        self.max_idle = max_idle_per_host
+        self.idle: dict[tuple[str, int], list[UpstreamConn]] = {}
+        self.connect_timeout = 5.0
+
+    async def acquire(self, host: str, port: int) -> UpstreamConn:
+        """An idle connection to host:port, or a new one."""
+        key = (host, port)
+        stack = self.idle.get(key)
+        while stack:
+            conn = stack.pop()
+            if not conn.closed:
+                return conn
+        return await self.connect(host, port)
+
+    async def connect(self, host: str, port: int) -> UpstreamConn:
+        """A fresh connection (never from the pool)."""
+        key = (host, port)
+        try:
+            _, proto = await asyncio.wait_for(
+                self.loop.create_connection(lambda: UpstreamConn(self, key), host, port),
+                self.connect_timeout,
+            )
+        except (OSError, TimeoutError) as exc:
+            raise UpstreamError(f"cannot connect to engine {host}:{port}: {exc}") from None
+        assert isinstance(proto, UpstreamConn)
+        return proto
+
+    def put(self, conn: UpstreamConn) -> None:
+        stack = self.idle.setdefault(conn.key, [])
+        if len(stack) < self.max_idle:
+            stack.append(conn)
+        else:
+            conn.close()
+
+    def forget(self, conn: UpstreamConn) -> None:
+        stack = self.idle.get(conn.key)
+        if stack and conn in stack:
+            stack.remove(conn)
+
+    def close(self) -> None:
+        """Close every idle connection."""
+        for stack in self.idle.values():
+            for conn in list(stack):
+                conn.close()
+        self.idle.clear()

@@ -1,0 +1,207 @@
+"""The coordinator process: follow the log into the routing table, serve /v1 and management.
+
+One `AsyncExitStack`-style lifecycle: connect to NATS, ensure the streams, follow MOTOR
+(events) and MOTOR_HB (heartbeats) into the context's table, then listen. The table is
+caught up once both followers have replayed what existed at start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+from coordinator.breaker import Breakers, BreakerState
+from coordinator.context import CoordinatorContext
+from coordinator.metrics import BREAKER_CLOSED, BREAKER_HALF_OPEN, BREAKER_OPEN
+from coordinator.policies import Policy, make_policy
+from coordinator.proxy.app import ProxyApp
+from coordinator.proxy.asgi import Lifespan
+from coordinator.proxy.exchange import Upstreams
+from coordinator.proxy.flows import Flows
+from coordinator.proxy.server import ProxyServer
+from coordinator.proxy.upstream import UpstreamPool
+from core import subjects
+from core.config import CoordinatorConfig
+from core.events import Role
+
+log = logging.getLogger(__name__)
+
+_BREAKER_GAUGE = {
+    BreakerState.CLOSED: BREAKER_CLOSED,
+    BreakerState.HALF_OPEN: BREAKER_HALF_OPEN,
+    BreakerState.OPEN: BREAKER_OPEN,
+}
+
+
+def make_policies(settings: CoordinatorConfig) -> dict[Role, Policy]:
+    """One policy object per role, as the config names them."""
+    p = settings.policy
+    return {
+        Role.UNION: make_policy(p.union),
+        Role.PREFILL: make_policy(p.prefill),
+        Role.DECODE: make_policy(p.decode),
+    }
+
+
+def build_proxy(ctx: CoordinatorContext, *, mgmt_app: Any = None) -> tuple[ProxyApp, Upstreams]:
+    """The /v1 handler over `ctx` (breakers wired into the table and the metrics)."""
+    s = ctx.settings
+    metrics = ctx.metrics
+    table = ctx.table
+
+    def on_change(key: str, state: BreakerState) -> None:
+        ep = table.endpoint(key)
+        role = ep.role.value if ep is not None else ""
+        metrics.breaker_state.labels(endpoint=key, role=role).set(_BREAKER_GAUGE[state])
+        if state == BreakerState.OPEN:
+            metrics.breaker_trips.labels(endpoint=key, role=role).inc()
+            log.warning("circuit of %s opened", key)
+
+    breakers = Breakers(
+        failures=s.breaker.failures,
+        backoff_initial=s.breaker.backoff_initial,
+        backoff_max=s.breaker.backoff_max,
+        on_change=on_change,
+    )
+    table.is_open = breakers.is_open
+    ups = Upstreams(UpstreamPool(asyncio.get_running_loop()), first_token_timeout=s.first_token_timeout)
+    flows = Flows(table, ups, breakers, make_policies(s), retries=s.retries, metrics=metrics)
+    app = ProxyApp(
+        flows,
+        api_keys=s.api_keys,
+        metrics=metrics,
+        mgmt_app=mgmt_app,
+        limiter=_limiter(s),
+        on_done=_detector(ctx),
+    )
+    return app, ups
+
+
+def _limiter(s: CoordinatorConfig) -> Any:
+    rl = s.rate_limit
+    if not (rl.requests_per_second or rl.max_in_flight):
+        return None
+    from coordinator.ratelimit import RateLimiter
+
+    return RateLimiter(rl)
+
+
+def _detector(ctx: CoordinatorContext) -> Any:
+    if not ctx.settings.precision_detector.enabled:
+        return None
+    from coordinator.proxy.precision import PrecisionHook
+
+    return PrecisionHook(ctx)
+
+
+class CoordinatorService:
+    """A running coordinator: NATS followers, the table, and the HTTP server on one port."""
+
+    def __init__(
+        self,
+        settings: CoordinatorConfig,
+        nats: Any,
+        *,
+        host: str | None = None,
+        port: int | None = None,
+        name: str = "coordinator",
+    ) -> None:
+        self.settings = settings
+        self.nats = nats  # NatsOptions | url | list of urls
+        self.host = host if host is not None else settings.host
+        self.want_port = port if port is not None else settings.port
+        self.name = name
+        self.ctx: CoordinatorContext | None = None
+        self.server: ProxyServer | None = None
+        self._nc: Any = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._followers: list[Any] = []
+        self._lifespan: Lifespan | None = None
+        self._ups: Upstreams | None = None
+
+    @property
+    def port(self) -> int:
+        """The port the server listens on."""
+        assert self.server is not None
+        return self.server.port
+
+    async def start(self) -> None:
+        """Connect, ensure streams, start following the log and listen."""
+        from nats.js import JetStreamContext
+
+        from streams.connection import connect
+        from streams.definitions import HB_STREAM, MOTOR_STREAM, ensure_streams
+        from streams.publisher import Publisher
+        from streams.reader import Follower
+
+        self._nc = await connect(self.nats, name=self.name, retry_initial=True)
+        js: JetStreamContext = self._nc.jetstream()
+        await ensure_streams(js)
+        ctx = self.ctx = CoordinatorContext(
+            settings=self.settings, publisher=Publisher(js), source=f"coordinator/{self.name}"
+        )
+        events = Follower(self._nc, MOTOR_STREAM, filter_subject=subjects.ALL_EVENTS)
+        beats = Follower(self._nc, HB_STREAM)
+        self._followers = [events, beats]
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._follow(f)) for f in self._followers]
+        self._tasks.append(loop.create_task(self._catch_up()))
+        mgmt = None
+        try:
+            from coordinator.mgmt import create_mgmt_app  # type: ignore[import-not-found,unused-ignore]
+        except ImportError:  # the management app lands separately; /v1 works without it
+            log.warning("coordinator.mgmt is not available; serving /v1 only")
+        else:
+            mgmt = create_mgmt_app(ctx)
+            self._lifespan = Lifespan(mgmt)
+            await self._lifespan.start()
+        app, self._ups = build_proxy(ctx, mgmt_app=mgmt)
+        self.server = ProxyServer(app, max_body=self.settings.max_body_bytes)
+        await self.server.start(self.host, self.want_port)
+        log.info("coordinator listening on http://%s:%d", self.host, self.port)
+
+    async def _follow(self, follower: Any) -> None:
+        assert self.ctx is not None
+        apply = self.ctx.apply
+        async for rec in follower:
+            try:
+                apply(rec.event, rec.seq)
+            except Exception:  # one bad event must not stop the fold
+                log.exception("could not apply %s #%d", rec.subject, rec.seq)
+
+    async def _catch_up(self) -> None:
+        assert self.ctx is not None
+        await asyncio.gather(*(f.caught_up.wait() for f in self._followers))
+        self.ctx.caught_up.set()
+        log.info("coordinator caught up with the log at seq %d", self.ctx.table.last_seq)
+
+    async def stop(self) -> None:
+        """Stop listening, stop following, close NATS."""
+        if self.server is not None:
+            await self.server.stop()
+        if self._ups is not None:
+            await self._ups.close()
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        for f in self._followers:
+            with contextlib.suppress(Exception):
+                await f.close()
+        if self._lifespan is not None:
+            await self._lifespan.stop()
+        if self._nc is not None:
+            with contextlib.suppress(Exception):
+                await self._nc.drain()
+
+
+async def run(service: CoordinatorService, stop: asyncio.Event) -> None:
+    """Start, serve until `stop` is set, then shut down."""
+    await service.start()
+    try:
+        await stop.wait()
+    finally:
+        await service.stop()

@@ -1,0 +1,66 @@
+"""`motor coordinator --config FILE`: run one coordinator replica (OpenAI API + management)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("coordinator", help="run a coordinator: the OpenAI endpoint in front of the engines")
+    p.add_argument("--config", help="cluster config file (YAML or JSON); default: the embedded default")
+    p.add_argument("--nats-url", help="NATS server URL(s), comma-separated; default: the config's nats.urls")
+    p.add_argument("--host", help="address to listen on (default: coordinator.host)")
+    p.add_argument("--port", type=int, help="port to listen on, 0 for a free one (default: coordinator.port)")
+    p.add_argument("--name", default="coordinator", help="replica name (NATS client name, event source)")
+    p.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+    p.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    import asyncio
+    import logging
+    import signal
+
+    from core.errors import ConfigError
+    from deploy.common import load_config_file
+
+    logging.basicConfig(
+        level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        cfg = load_config_file(args.config)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    if args.port is not None and not 0 <= args.port <= 65535:
+        print(f"--port: {args.port} is not a port (0-65535)", file=sys.stderr)
+        return 2
+
+    from coordinator.service import CoordinatorService, run
+    from streams.connection import NatsOptions
+    from streams.errors import StreamsError
+
+    urls = [u.strip() for u in args.nats_url.split(",") if u.strip()] if args.nats_url else None
+    nats = NatsOptions.from_config(cfg.nats, urls=urls)
+    service = CoordinatorService(cfg.coordinator, nats, host=args.host, port=args.port, name=args.name)
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await run(service, stop)
+
+    try:
+        import uvloop
+
+        uvloop.run(main())
+    except ImportError:
+        asyncio.run(main())
+    except (StreamsError, OSError) as exc:
+        print(f"coordinator: {exc}", file=sys.stderr)
+        return 1
+    return 0
