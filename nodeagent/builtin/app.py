@@ -1,0 +1,365 @@
+"""The builtin engine's HTTP surface: OpenAI API, health, metrics, SGLang/vLLM extras, admin.
+
+`BuiltinEngine` owns every piece of one engine process (no module globals); `routes()` maps
+paths to its handlers, `run()` serves until SIGTERM/SIGINT.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import logging
+import signal
+import struct
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from nodeagent.builtin.bootstrap import BootstrapClient, RoomRegistry
+from nodeagent.builtin.engine import Engine
+from nodeagent.builtin.faults import FaultError, Faults
+from nodeagent.builtin.generation import Generator, close_all
+from nodeagent.builtin.handoff import TRANSFER_PATH, HandoffClient, HandoffStore
+from nodeagent.builtin.httpserver import HandlerResult, Request, Response, Router, json_response, start_server
+from nodeagent.builtin.metrics import CONTENT_TYPE
+from nodeagent.builtin.openai_api import ApiError, check_model, parse_chat, parse_completion, parse_json
+from nodeagent.builtin.render import models_body
+from nodeagent.builtin.settings import EngineSettings
+from nodeagent.builtin.tokenizer import count_tokens
+
+log = logging.getLogger(__name__)
+
+VERSION = "0.1.0-builtin"
+
+
+def _on_error(exc: BaseException) -> Response:
+    if isinstance(exc, ApiError):
+        return Response(exc.status, exc.body())
+    log.exception("unhandled error in a handler", exc_info=exc)
+    return Response(500, ApiError(500, f"internal error: {type(exc).__name__}: {exc}").body())
+
+
+class BuiltinEngine:
+    """One builtin engine: the simulated core plus its HTTP handlers."""
+
+    def __init__(self, settings: EngineSettings) -> None:
+        self.settings = settings
+        self.faults = Faults(settings.faults)
+        self.engine = Engine(settings, self.faults)
+        self.handoff = HandoffStore(self.engine)
+        self.rooms = RoomRegistry(self.engine)
+        self.gen = Generator(self.engine, self.handoff, HandoffClient(), self.rooms, BootstrapClient())
+        self.started = int(time.time())
+        self.snapshot_state = "running"  # running | suspended | unlocked
+        self._stop = asyncio.Event()
+        self._servers: list[asyncio.Server] = []
+
+    # ------------------------------------------------------------------ routing
+
+    def routes(self) -> Router:
+        """Every path the engine serves on its business port."""
+        r = Router()
+        r.add("POST", "/v1/completions", self.completions)
+        r.add("POST", "/v1/chat/completions", self.chat)
+        r.add("POST", "/v1/embeddings", self.embeddings)
+        r.add("GET", "/v1/models", self.models)
+        r.add("GET", "/v1/models/*", self.model_one)
+        r.add("GET", "/health", self.health)
+        r.add("GET", "/health_generate", self.health)
+        r.add("GET", "/ping", self.health)
+        r.add("GET", "/metrics", self.metrics)
+        r.add("GET", "/version", lambda req: json_response({"version": VERSION}))
+        r.add(
+            "GET",
+            "/load",
+            lambda req: json_response({"server_load": self.engine.running + len(self.engine.waiting)}),
+        )
+        r.add("GET", "/get_load", self.get_load)
+        r.add("POST", "/abort_request", self.abort_request)
+        r.add("POST", "/flush_cache", self.flush_cache)
+        r.add("GET", "/server_info", self.server_info)
+        r.add("GET", "/get_server_info", self.server_info)
+        r.add("GET", "/model_info", self.model_info)
+        r.add("GET", "/get_model_info", self.model_info)
+        r.add("GET", "/fault_tolerance/status", self.ft_status)
+        r.add("POST", "/suspend", self.suspend)
+        r.add("POST", "/device_unlock", self.device_unlock)
+        r.add("POST", "/resume", self.resume)
+        r.add("GET", "/admin/faults", lambda req: json_response(self.faults.as_dict()))
+        r.add("POST", "/admin/faults", self.set_faults)
+        r.add("POST", TRANSFER_PATH, self.kv_transfer)
+        return r
+
+    # ------------------------------------------------------------------ OpenAI API
+
+    def completions(self, req: Request) -> HandlerResult:
+        g = parse_completion(parse_json(req.body), self.settings.model_names, req.header(b"x-request-id"))
+        return self.gen.handle(g)
+
+    def chat(self, req: Request) -> HandlerResult:
+        g = parse_chat(parse_json(req.body), self.settings.model_names, req.header(b"x-request-id"))
+        return self.gen.handle(g)
+
+    def embeddings(self, req: Request) -> Response:
+        body = parse_json(req.body)
+        model = check_model(body, self.settings.model_names)
+        inputs = body.get("input")
+        if isinstance(inputs, str) or (
+            isinstance(inputs, list)
+            and inputs
+            and all(isinstance(t, int) and not isinstance(t, bool) for t in inputs)
+        ):
+            inputs = [inputs]
+        if not isinstance(inputs, list) or not inputs:
+            raise ApiError(400, "input must be a string, a list of strings, or token ids", param="input")
+        fmt = body.get("encoding_format") or "float"
+        if fmt not in ("float", "base64"):
+            raise ApiError(400, "encoding_format must be 'float' or 'base64'", param="encoding_format")
+        dims = body.get("dimensions")
+        if dims is not None and (not isinstance(dims, int) or isinstance(dims, bool) or dims < 1):
+            raise ApiError(400, "dimensions must be a positive integer", param="dimensions")
+        dim = dims or self.settings.embedding_dim
+        data, tokens = [], 0
+        for i, item in enumerate(inputs):
+            if isinstance(item, str):
+                tokens += count_tokens(item)
+                key = item.encode()
+            elif isinstance(item, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in item):
+                tokens += len(item)
+                key = orjson.dumps(item)
+            else:
+                raise ApiError(400, f"input[{i}] must be a string or a list of token ids", param="input")
+            vec = _embedding(key, dim)
+            emb: Any = base64.b64encode(struct.pack(f"<{dim}f", *vec)).decode() if fmt == "base64" else vec
+            data.append({"index": i, "object": "embedding", "embedding": emb})
+        return json_response(
+            {
+                "id": f"embd-{hashlib.md5(req.body).hexdigest()}",
+                "object": "list",
+                "created": int(time.time()),
+                "model": model,
+                "data": data,
+                "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0,
+                          "prompt_tokens_details": None},
+            }
+        )  # fmt: skip
+
+    def models(self, req: Request) -> Response:
+        return Response(
+            200, models_body(self.settings.model_names, self.started, self.settings.max_model_len)
+        )
+
+    def model_one(self, req: Request) -> Response:
+        name = req.path[len("/v1/models/") :]
+        if name not in self.settings.model_names:
+            raise ApiError(404, f"The model `{name}` does not exist.", param="model")
+        data = orjson.loads(models_body((name,), self.started, self.settings.max_model_len))["data"][0]
+        return json_response(data)
+
+    # ------------------------------------------------------------------ health and load
+
+    def health(self, req: Request) -> HandlerResult:
+        spec = self.faults.spec
+        if spec.hang_health:
+            return self._hang()
+        if spec.ft_status == "dead":
+            raise ApiError(503, "engine is dead (injected fault)")
+        return Response(200)
+
+    async def _hang(self) -> Response:
+        # Never answers; the connection's close cancels this.
+        await asyncio.get_running_loop().create_future()
+        raise AssertionError("unreachable")
+
+    def metrics(self, req: Request) -> Response:
+        return Response(200, self.engine.metrics.render(), CONTENT_TYPE)
+
+    def get_load(self, req: Request) -> Response:
+        e = self.engine
+        used_tokens = e.pool.used * self.settings.block_size
+        return json_response(
+            [{"dp_rank": 0, "num_reqs": e.running + len(e.waiting), "num_waiting_reqs": len(e.waiting),
+              "num_tokens": used_tokens}]
+        )  # fmt: skip
+
+    def ft_status(self, req: Request) -> Response:
+        status = self.faults.spec.ft_status
+        reason = None if status == "healthy" else "injected fault"
+        return json_response({"status": status, "reason": reason, "engine_id": self.settings.engine_id})
+
+    def server_info(self, req: Request) -> Response:
+        s, e = self.settings, self.engine
+        mode = "null" if s.role == "union" else s.role
+        return json_response(
+            {
+                "model_path": s.model,
+                "served_model_name": s.model,
+                "tokenizer_path": s.model,
+                "host": s.host,
+                "port": s.port,
+                "engine_id": s.engine_id,
+                "role": s.role,
+                "disaggregation_mode": mode,
+                "disaggregation_bootstrap_port": s.bootstrap_port,
+                "tp_size": 1,
+                "dp_size": 1,
+                "context_length": s.max_model_len,
+                "max_total_num_tokens": s.num_blocks * s.block_size,
+                "max_running_requests": s.max_num_seqs,
+                "page_size": s.block_size,
+                "fast": s.fast,
+                "internal_states": [
+                    {"num_running_reqs": e.running, "num_waiting_reqs": len(e.waiting),
+                     "kv_cache_usage": e.pool.usage()}
+                ],
+                "version": VERSION,
+                "simulator": "motor-builtin-simulator",
+            }
+        )  # fmt: skip
+
+    def model_info(self, req: Request) -> Response:
+        s = self.settings
+        return json_response(
+            {
+                "model_path": s.model,
+                "tokenizer_path": s.model,
+                "served_model_name": s.model,
+                "is_generation": True,
+                "preferred_sampling_params": None,
+                "weight_version": "default",
+                "has_image_understanding": False,
+                "has_audio_understanding": False,
+                "model_type": "motor-builtin-simulator",
+                "architectures": ["MotorBuiltinSimulator"],
+                "max_model_len": s.max_model_len,
+            }
+        )
+
+    # ------------------------------------------------------------------ control
+
+    def abort_request(self, req: Request) -> Response:
+        body = parse_json(req.body) if req.body else {}
+        if body.get("abort_all") is True:
+            return json_response({"aborted": self.engine.abort_all()})
+        rid = body.get("rid")
+        if not isinstance(rid, str) or not rid:
+            raise ApiError(400, "rid must be a non-empty string (or send abort_all: true)", param="rid")
+        return json_response({"aborted": int(self.engine.abort(rid))})
+
+    def flush_cache(self, req: Request) -> Response:
+        self.engine.pool.reset_cache()
+        return Response(200, b"Cache flushed.", "text/plain")
+
+    def set_faults(self, req: Request) -> Response:
+        try:
+            self.faults.update(parse_json(req.body))
+        except FaultError as exc:
+            raise ApiError(400, str(exc)) from None
+        return json_response(self.faults.as_dict())
+
+    def kv_transfer(self, req: Request) -> Response:
+        status, answer = self.handoff.transfer(parse_json(req.body))
+        return json_response(answer, status)
+
+    # ------------------------------------------------------------------ container snapshot (seed 000)
+
+    def suspend(self, req: Request) -> Response:
+        path = req.query_params().get("model_save_path")
+        if not path:
+            raise ApiError(400, "model_save_path is required", param="model_save_path")
+        try:
+            target = Path(path)
+            target.mkdir(parents=True, exist_ok=True)
+            meta = {
+                "model": self.settings.model,
+                "engine_id": self.settings.engine_id,
+                "saved_at": time.time(),
+            }
+            (target / "builtin-weights.json").write_bytes(orjson.dumps(meta))
+        except OSError as exc:
+            raise ApiError(500, f"cannot save weights to {path}: {exc.strerror}") from None
+        self.engine.suspended = True
+        self.snapshot_state = "suspended"
+        return Response(200, content_type="text/plain")
+
+    def device_unlock(self, req: Request) -> Response:
+        self.snapshot_state = "unlocked"
+        return Response(200, content_type="text/plain")
+
+    def resume(self, req: Request) -> Response:
+        q = req.query_params()
+        for name in ("data_parallel_master_ip", "model_path"):
+            if not q.get(name):
+                raise ApiError(400, f"{name} is required", param=name)
+        self.engine.suspended = False
+        self.snapshot_state = "running"
+        return Response(200, content_type="text/plain")
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        """Bind the business port (and the bootstrap port of a prefill engine)."""
+        s = self.settings
+        self._servers.append(await start_server(self.routes(), s.host, s.port, _on_error))
+        if s.bootstrap_port is not None:
+            self._servers.append(await start_server(self.rooms.routes(), s.host, s.bootstrap_port, _on_error))
+        log.info(
+            "builtin engine %s (%s, %s) serving %s on %s:%d%s",
+            s.engine_id, s.role, "fast" if s.fast else "timed", s.model, s.host, s.port,
+            f", bootstrap port {s.bootstrap_port}" if s.bootstrap_port is not None else "",
+        )  # fmt: skip
+
+    def stop(self) -> None:
+        """Ask `run()` to return."""
+        self._stop.set()
+
+    async def close(self) -> None:
+        for server in self._servers:
+            server.close()
+        await close_all(self.gen)
+        self._servers.clear()
+
+    async def run(self) -> None:
+        """Serve until SIGTERM/SIGINT."""
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.stop)
+        await self.start()
+        print(f"READY builtin engine on http://{self.settings.host}:{self.settings.port}", flush=True)
+        try:
+            await self._stop.wait()
+        finally:
+            await self.close()
+
+
+def _embedding(key: bytes, dim: int) -> list[float]:
+    """A unit vector that depends only on the input."""
+    raw = b""
+    counter = 0
+    while len(raw) < dim * 4:
+        raw += hashlib.blake2b(key + counter.to_bytes(4, "little"), digest_size=64).digest()
+        counter += 1
+    ints = struct.unpack(f"<{dim}i", raw[: dim * 4])
+    vec = [v / 2147483648.0 for v in ints]
+    norm = sum(v * v for v in vec) ** 0.5 or 1.0
+    return [v / norm for v in vec]
+
+
+def serve(settings: EngineSettings) -> int:
+    """Run one engine process until it is told to stop; returns the exit code."""
+    try:
+        import uvloop
+
+        runner: Any = uvloop.run
+    except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
+        runner = asyncio.run
+    engine = BuiltinEngine(settings)
+    try:
+        runner(engine.run())
+    except OSError as exc:
+        print(f"builtin engine: cannot serve on {settings.host}:{settings.port}: {exc.strerror}", flush=True)
+        return 1
+    return 0

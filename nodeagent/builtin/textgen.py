@@ -1,0 +1,170 @@
+"""Deterministic text: a seeded generator over a word list, plus stop/EOS rules.
+
+The output is a pure function of the prompt (its digest) and the sampling parameters, and the
+first k tokens never depend on `max_tokens`. So a union engine and a prefill/decode pair give
+the same text for the same request, which is what the P/D tests rely on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from nodeagent.builtin.tokenizer import Token
+
+_WORD_TEXT = """
+    the of and to in is that it for as with was on be by at this from are have or an which
+    one not but all were when we there can more if will would about so what up out them some
+    time these two may then do first any like now my such make over our even most after also
+    made many did before must through back years where much your way well down should because
+    each just those people how too little state good very world still own see men work long
+    here get both between life being under never day same another know while last might great
+    old year off come since against go came right used take three himself few house use during
+    without again place around however home small found thought went say part once general high
+    upon school every does got united left number course war until always away something fact
+    though water less public put think almost hand enough far took head yet government system
+    better set told nothing night end why called didn find going look asked later knew point
+    next program city business give group toward young days let room president side social
+    given present several order national possible rather second face per among form important
+    often things looked early white case john become large big need four within felt along saw
+    best church ever least power development light thing seemed family interest want members
+    mind country area others done turned although open problem god service certain kind began
+"""
+WORDS: tuple[str, ...] = tuple(_WORD_TEXT.split())
+
+_PUNCT_RATE = 0.08  # a sentence ends about every 12 words
+_COMMA_RATE = 0.06
+_GARBAGE = (" NaN", " nan", " inf", " \ufffd", " -nan", " <unk>", " 0x7fc00000")
+
+
+@dataclass(frozen=True, slots=True)
+class Sampling:
+    """The sampling parameters that shape the text."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    include_stop_str_in_output: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What a request will emit: one text piece per generated token, and why it ends."""
+
+    pieces: tuple[str, ...]  # pieces concatenate to `text`; a piece may be '' after a stop cut
+    text: str
+    finish_reason: str  # "stop" | "length"
+    stop_reason: str | None
+
+    @property
+    def completion_tokens(self) -> int:
+        return len(self.pieces)
+
+
+def prompt_digest(tokens: Sequence[Token]) -> bytes:
+    """A stable 16-byte digest of the prompt tokens (the same in every process)."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update("\x1f".join(map(str, tokens)).encode())
+    return h.digest()
+
+
+def _rng(digest: bytes, sampling: Sampling, salt: bytes) -> random.Random:
+    # Greedy decoding ignores the seed, like a real engine; sampling depends on it.
+    if sampling.temperature > 0:
+        params = struct.pack("<ddq", sampling.temperature, sampling.top_p, sampling.seed or 0)
+    else:
+        params = b"greedy"
+    key = hashlib.blake2b(digest + params + salt, digest_size=8).digest()
+    return random.Random(int.from_bytes(key, "little"))
+
+
+def natural_length(digest: bytes, sampling: Sampling, lo: int, hi: int) -> int:
+    """Where the model would emit EOS for this prompt: a stable value in [lo, hi]."""
+    if hi <= lo:
+        return lo
+    return lo + _rng(digest, sampling, b"eos").randrange(hi - lo + 1)
+
+
+def generate(digest: bytes, sampling: Sampling, n: int, garbage: bool = False) -> list[str]:
+    """The first `n` token texts for this prompt and sampling."""
+    rng = _rng(digest, sampling, b"text")
+    pool = len(WORDS) if sampling.temperature > 0 else 48
+    if sampling.temperature > 0:
+        pool = min(len(WORDS), 48 + int(sampling.temperature * 200))
+    pool = max(1, int(pool * min(1.0, max(sampling.top_p, 0.01))))
+    rand = rng.random
+    out: list[str] = []
+    capital = True
+    after_punct = True
+    for i in range(n):
+        r = rand()
+        if not after_punct and r < _PUNCT_RATE:
+            out.append(".")
+            capital = after_punct = True
+        elif not after_punct and r < _PUNCT_RATE + _COMMA_RATE:
+            out.append(",")
+            after_punct = True
+        else:
+            word = WORDS[int(rand() * pool)]
+            if capital:
+                word = word.capitalize()
+            out.append(word if i == 0 else " " + word)
+            capital = after_punct = False
+    if garbage:
+        # A precision fault: the shape of the output stays, its content is numerically broken.
+        out = [_GARBAGE[(i + len(t)) % len(_GARBAGE)] for i, t in enumerate(out)]
+    return out
+
+
+def _find_stop(tokens: list[str], stops: tuple[str, ...], min_tokens: int) -> tuple[int, int, str] | None:
+    """(index of the token that completes a stop, its position in the text, the stop)."""
+    longest = max(len(s) for s in stops)
+    text = ""
+    for i, tok in enumerate(tokens):
+        start = max(0, len(text) - longest + 1)
+        text += tok
+        if i + 1 < min_tokens:
+            continue
+        best: tuple[int, str] | None = None
+        for s in stops:
+            pos = text.find(s, start)
+            if pos >= 0 and (best is None or pos < best[0]):
+                best = (pos, s)
+        if best is not None:
+            return i, best[0], best[1]
+    return None
+
+
+def plan_output(
+    digest: bytes,
+    sampling: Sampling,
+    max_tokens: int,
+    natural_len: int,
+    garbage: bool = False,
+) -> Plan:
+    """Decide the whole output of a request up front (timing is applied when emitting it)."""
+    limit, finish = max_tokens, "length"
+    if not sampling.ignore_eos and natural_len < max_tokens:
+        limit = max(natural_len, min(sampling.min_tokens, max_tokens))
+        if limit < max_tokens:
+            finish = "stop"
+    tokens = generate(digest, sampling, limit, garbage)
+    stops = tuple(s for s in sampling.stop if s)
+    found = _find_stop(tokens, stops, sampling.min_tokens) if stops else None
+    if found is None:
+        return Plan(tuple(tokens), "".join(tokens), finish, None)
+    index, pos, stop = found
+    cut = pos + len(stop) if sampling.include_stop_str_in_output else pos
+    pieces: list[str] = []
+    offset = 0
+    for tok in tokens[: index + 1]:
+        end = offset + len(tok)
+        pieces.append(tok[: max(0, cut - offset)] if end > cut else tok)
+        offset = end
+    return Plan(tuple(pieces), "".join(pieces), "stop", stop)
