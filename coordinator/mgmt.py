@@ -1,0 +1,278 @@
+"""The management API (FastAPI): probes, metrics, instance refresh, precision alarms, the table.
+
+Served on the coordinator's one port: the /v1 proxy hands every path it does not own to this
+app in-process. Writes (`/v1/instances/refresh`, `/precision/alarm_cleared`) are appended to
+the log as events and answered once this replica's table has folded them (read your writes),
+so every replica — and every replay — routes the same way. Every error is OpenAI-shaped.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Annotated, Any
+
+import orjson
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from coordinator.context import CoordinatorContext
+from coordinator.errors import CoordinatorError, error_body
+from coordinator.refresh import validate_refresh
+from core.events import EventBase, InstancesRefreshed, PrecisionAlarmCleared, PrecisionAlarmClearedData
+from core.ids import new_id
+
+log = logging.getLogger(__name__)
+
+SERVICE = "Motor Coordinator Management Server"
+VERSION = "1.0.0"
+# How long a write waits for this replica's table to fold it before answering anyway: the
+# event is durable once appended, the wait only buys read-your-writes.
+APPLY_WAIT = 5.0
+PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def _ctx(request: Request) -> CoordinatorContext:
+    ctx: CoordinatorContext = request.app.state.ctx
+    return ctx
+
+
+Ctx = Annotated[CoordinatorContext, Depends(_ctx)]
+
+
+def _error(status: int, message: str, code: str | None = None, type_: str | None = None) -> Response:
+    return Response(
+        error_body(status, message, type_, code), status_code=status, media_type="application/json"
+    )
+
+
+def _json(payload: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(payload), status_code=status, media_type="application/json")
+
+
+async def _json_body(request: Request, ctx: CoordinatorContext) -> Any:
+    """The request's JSON body; 413 over the limit, 400 when it is not JSON."""
+    limit = ctx.settings.max_body_bytes
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise CoordinatorError(413, f"request body over the limit of {limit} bytes", code="body_too_large")
+    raw = b""
+    async for chunk in request.stream():
+        raw += chunk
+        if len(raw) > limit:
+            raise CoordinatorError(
+                413, f"request body over the limit of {limit} bytes", code="body_too_large"
+            )
+    if not raw.strip():
+        raise CoordinatorError(400, "body: a JSON object is required", code="invalid_json")
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise CoordinatorError(400, f"body: not valid JSON ({exc})", code="invalid_json") from None
+
+
+async def _append(ctx: CoordinatorContext, event: EventBase) -> int:
+    """Append an event to the log and wait (bounded) until this replica's table holds it."""
+    if ctx.publisher is None:
+        raise CoordinatorError(503, "not connected to the event log", code="no_event_log")
+    try:
+        seq = await ctx.publisher.publish(event)
+    except Exception as exc:  # any publish failure is the log being unavailable to us
+        log.warning("could not append %s: %s", event.type, exc)
+        raise CoordinatorError(
+            503, f"could not append to the event log: {exc}", code="event_log_unavailable"
+        ) from None
+    if not await ctx.wait_applied(seq, APPLY_WAIT):
+        log.warning("%s appended at seq %d but not folded within %.0f s", event.type, seq, APPLY_WAIT)
+    return seq
+
+
+def create_mgmt_app(ctx: CoordinatorContext) -> FastAPI:
+    """The management FastAPI app over one coordinator's context."""
+    app = FastAPI(title=SERVICE, version=VERSION, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.ctx = ctx
+    _install_error_handlers(app)
+
+    @app.get("/")
+    async def root() -> Response:
+        """What this server is and which management endpoints it has."""
+        return _json(
+            {
+                "service": SERVICE,
+                "version": VERSION,
+                "description": "Management plane: liveness, startup, readiness, metrics, instance refresh",
+                "endpoints": {
+                    "GET /liveness": "liveness check",
+                    "GET /startup": "startup probe",
+                    "GET /readiness": "readiness check",
+                    "GET /health": "ready to serve requests",
+                    "GET /metrics": "Prometheus metrics",
+                    "GET /v1/instances": "what the routing table routes",
+                    "POST /instances/refresh": "refresh instances",
+                    "POST /v1/instances/refresh": "refresh instances",
+                    "POST /precision/alarm_cleared": "clear precision alarm scheduler state",
+                },
+            }
+        )
+
+    @app.get("/liveness")
+    async def liveness(ctx: Ctx) -> Response:
+        """The process answers."""
+        return _json({"status": "ok", "uptime_s": round(time.time() - ctx.started_at, 3)})
+
+    @app.get("/startup")
+    async def startup(ctx: Ctx) -> Response:
+        """Started once the table has replayed the log."""
+        if not ctx.caught_up.is_set():
+            return _error(503, "replaying the event log", "starting")
+        return _json({"status": "ok", "log_seq": ctx.table.last_seq})
+
+    @app.get("/readiness")
+    async def readiness(ctx: Ctx) -> Response:
+        """Ready once caught up with the log and some model has a routable instance."""
+        return _ready(ctx)
+
+    @app.get("/health")
+    async def health(ctx: Ctx) -> Response:
+        """Same as /readiness: a load balancer in front of replicas sends traffic only here."""
+        return _ready(ctx)
+
+    @app.get("/metrics")
+    async def metrics(ctx: Ctx) -> Response:
+        """Prometheus text format."""
+        return Response(ctx.metrics.render(), media_type=PROMETHEUS_TEXT)
+
+    @app.get("/v1/instances")
+    async def instances(ctx: Ctx) -> Response:
+        """Every endpoint the table knows, routable or not (and why), with its load."""
+        t = ctx.table
+        plans = {}
+        for model in t.models():
+            p = t.plan(model)
+            plans[model] = {
+                "kind": p.kind,
+                "role": p.role.value if p.role else None,
+                "capability": p.capability,
+                "engine_type": p.engine_type,
+                "reason": p.reason,
+            }
+        return _json(
+            {
+                "object": "list",
+                "version": t.version,
+                "log_seq": t.last_seq,
+                "caught_up": ctx.caught_up.is_set(),
+                "plans": plans,
+                "data": t.describe(),
+            }
+        )
+
+    async def refresh(request: Request, ctx: Ctx) -> Response:
+        """Seed 001: validate, append `instances.refreshed`, answer 200 with no body."""
+        try:
+            data = validate_refresh(await _json_body(request, ctx))
+        except CoordinatorError:
+            ctx.metrics.refreshes.labels(result="rejected").inc()
+            raise
+        event = InstancesRefreshed(id=new_id(), ts=time.time(), source=ctx.source, data=data)
+        await _append(ctx, event)
+        ctx.metrics.refreshes.labels(result="accepted").inc()
+        return Response(status_code=200)
+
+    app.add_api_route("/v1/instances/refresh", refresh, methods=["POST"])
+    app.add_api_route("/instances/refresh", refresh, methods=["POST"])
+
+    @app.post("/precision/alarm_cleared")
+    async def alarm_cleared(request: Request, ctx: Ctx) -> Response:
+        """Seed 002: clear the precision alarm of a P/D group (`{d_instance_id, p_instance_id?}`)."""
+        body = await _json_body(request, ctx)
+        if not isinstance(body, dict):
+            raise CoordinatorError(400, "body: must be a JSON object", code="invalid_field")
+        d_id = _instance_id(body.get("d_instance_id"), "d_instance_id", required=True)
+        p_id = _instance_id(body.get("p_instance_id"), "p_instance_id", required=False)
+        assert d_id is not None
+        current = ctx.table.state.alarms.get(d_id)
+        event = PrecisionAlarmCleared(
+            id=new_id(),
+            ts=time.time(),
+            source=ctx.source,
+            data=PrecisionAlarmClearedData(
+                d_instance_id=d_id,
+                p_instance_id=p_id,
+                alarm_id=current.data.alarm_id if current is not None else None,
+                reason="cleared through the management API",
+            ),
+        )
+        await _append(ctx, event)
+        ctx.metrics.alarm_clears.inc()
+        return _json(
+            {
+                "request_id": "precision_alarm_cleared",
+                "status": "success",
+                "message": "Precision alarm state cleared",
+                "data": {"dismissed": current is not None},
+            }
+        )
+
+    return app
+
+
+def _instance_id(value: Any, field: str, *, required: bool) -> int | None:
+    if value is None:
+        if required:
+            raise CoordinatorError(400, f"{field}: is required", code="invalid_field")
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise CoordinatorError(
+            400, f"{field}: must be a non-negative integer, got {value!r}", code="invalid_field"
+        )
+    return value
+
+
+def _ready(ctx: CoordinatorContext) -> Response:
+    ready, reason = ctx.readiness()
+    if not ready:
+        return _error(503, reason, "not_ready")
+    return _json(
+        {"status": "ok", "log_seq": ctx.table.last_seq, "routable_endpoints": len(ctx.table.routable())}
+    )
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    """Every error leaves OpenAI-shaped, never as a stack trace."""
+
+    @app.exception_handler(CoordinatorError)
+    async def coordinator_error(request: Request, exc: CoordinatorError) -> Response:
+        return Response(
+            exc.body(), status_code=exc.status, media_type="application/json", headers=exc.headers
+        )
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        if exc.status_code == 404:
+            message = f"no route for {request.url.path}"
+        elif exc.status_code == 405:
+            message = f"{request.method} is not allowed on {request.url.path}"
+        else:
+            message = str(exc.detail)
+        return _error(exc.status_code, message, headers_code(exc.status_code))
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> Response:
+        first = exc.errors()[0] if exc.errors() else {}
+        field = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or "body"
+        return _error(400, f"{field}: {first.get('msg', 'invalid')}", "invalid_field")
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, exc: Exception) -> Response:
+        log.exception("management request %s %s failed", request.method, request.url.path)
+        return JSONResponse(
+            orjson.loads(error_body(500, f"internal error: {type(exc).__name__}")), status_code=500
+        )
+
+
+def headers_code(status: int) -> str | None:
+    """OpenAI-style error code for a routing status."""
+    return {404: "not_found", 405: "method_not_allowed"}.get(status)
