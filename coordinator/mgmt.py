@@ -21,7 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from coordinator.context import CoordinatorContext
 from coordinator.errors import CoordinatorError, error_body
 from coordinator.refresh import validate_refresh
-from core.events import EventBase, InstancesRefreshed, PrecisionAlarmCleared, PrecisionAlarmClearedData
+from core.events import InstancesRefreshed, PrecisionAlarmCleared, PrecisionAlarmClearedData
 from core.ids import new_id
 
 log = logging.getLogger(__name__)
@@ -73,7 +73,7 @@ async def _json_body(request: Request, ctx: CoordinatorContext) -> Any:
         raise CoordinatorError(400, f"body: not valid JSON ({exc})", code="invalid_json") from None
 
 
-async def _append(ctx: CoordinatorContext, event: EventBase) -> int:
+async def _append(ctx: CoordinatorContext, event: InstancesRefreshed | PrecisionAlarmCleared) -> int:
     """Append an event to the log and wait (bounded) until this replica's table holds it."""
     if ctx.publisher is None:
         raise CoordinatorError(503, "not connected to the event log", code="no_event_log")
