@@ -16,7 +16,14 @@ import orjson
 from coordinator.anthropic_stream import StreamTranslator, map_stop_reason
 from coordinator.errors import CoordinatorError
 
-__all__ = ["StreamTranslator", "chat_to_message", "count_tokens", "map_stop_reason", "messages_to_chat"]
+__all__ = [
+    "StreamTranslator",
+    "chat_to_message",
+    "count_tokens",
+    "estimate_tokens",
+    "map_stop_reason",
+    "messages_to_chat",
+]
 
 _TOOL_CHOICE = {"auto": "auto", "any": "required", "none": "none"}
 

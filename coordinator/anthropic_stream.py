@@ -191,11 +191,19 @@ class StreamTranslator:
                         "stop_reason": self.stop_reason or "end_turn",
                         "stop_sequence": self.stop_sequence,
                     },
-                    "usage": {"output_tokens": self.output_tokens},
+                    "usage": self._final_usage(),
                 },
             )
             + sse_event("message_stop", {"type": "message_stop"})
         )
+
+    def _final_usage(self) -> dict[str, int]:
+        # message_start went out before the engine reported prompt_tokens (the usage chunk
+        # comes last); message_delta's counts are cumulative and overwrite it.
+        usage = {"output_tokens": self.output_tokens}
+        if self.input_tokens:
+            usage["input_tokens"] = self.input_tokens
+        return usage
 
     def error(self, message: str, type_: str = "api_error") -> bytes:
         """An Anthropic `error` event; the stream ends after it."""
