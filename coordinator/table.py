@@ -12,6 +12,7 @@ counts survive unrelated events.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -26,6 +27,8 @@ from core.events import (
 )
 from core.reducer import apply as reduce_apply
 from core.state import ClusterState
+
+log = logging.getLogger(__name__)
 
 # Instance states whose READY endpoints take traffic. DEGRADED means "serving, part of it
 # unhealthy": its READY endpoints still serve; the unhealthy ones are not READY.
@@ -208,7 +211,8 @@ class RoutingTable:
                 and (engine_type is None or e.engine_type == engine_type)
                 and (capability is None or capability in e.capabilities)
             ]
-            self._cand_cache[key] = cached
+            if model is None or model in self._known_models:
+                self._cand_cache[key] = cached  # client-chosen unknown names must not grow the cache
         is_open = self.is_open
         if is_open is _never_open:
             return cached
@@ -221,7 +225,8 @@ class RoutingTable:
         cached = self._plan_cache.get(model)
         if cached is None:
             cached = self._make_plan(model)
-            self._plan_cache[model] = cached
+            if model is None or model in self._known_models:
+                self._plan_cache[model] = cached
         return cached
 
     def models(self) -> list[str]:
@@ -383,7 +388,13 @@ class RoutingTable:
                         why = ""
                     out[key] = _Derived(ep, not why, why)
         for ext_id, raw in s.external.items():
-            ep = external_endpoint(ext_id, raw)
+            try:
+                ep = external_endpoint(ext_id, raw)
+            except (TypeError, ValueError, AttributeError) as exc:
+                # Validated on the way in, but the log may hold entries written by other
+                # tools: one bad entry must not take routing down with it.
+                log.warning("external instance %s in the log is unusable: %s", ext_id, exc)
+                continue
             why = f"precision alarm on instance {ext_id}" if ext_id in alarmed else ""
             out[ep.key] = _Derived(ep, not why, why)
         return out

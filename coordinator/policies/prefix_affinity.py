@@ -11,6 +11,7 @@ finally the least loaded endpoint. So a hot prefix spills over instead of drowni
 from __future__ import annotations
 
 import math
+import zlib
 from collections import OrderedDict
 from collections.abc import Collection, Sequence
 
@@ -20,12 +21,19 @@ from coordinator.table import Endpoint
 
 
 def block_hashes(prefix: bytes, block_size: int, max_blocks: int) -> list[int]:
-    """Chained hashes of the prefix's blocks: element i names bytes [0, (i+1)·block_size)."""
+    """Chained hashes of the prefix's blocks: element i names bytes [0, (i+1)·block_size).
+
+    CRC-32 chains natively (each block's CRC starts from the previous one) and runs in C over
+    a memoryview, ~10x cheaper than hashing tuples of slices. A collision only costs a
+    suboptimal placement, never a wrong answer, so 32 bits (plus the block index) suffice.
+    """
     out: list[int] = []
-    h = 0
-    for start in range(0, min(len(prefix), block_size * max_blocks), block_size):
-        h = hash((h, prefix[start : start + block_size]))
-        out.append(h)
+    crc = 0
+    view = memoryview(prefix)
+    end = min(len(prefix), block_size * max_blocks)
+    for i, start in enumerate(range(0, end, block_size)):
+        crc = zlib.crc32(view[start : start + block_size], crc)
+        out.append((i << 32) | crc)
     return out
 
 

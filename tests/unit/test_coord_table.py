@@ -339,3 +339,18 @@ def test_candidates_is_cheap() -> None:
     # Budget for all routing logic is ~40 µs; a cached lookup plus the breaker filter over 32
     # endpoints must be a fraction of it even on a loaded 2-core machine.
     assert per_call < 20e-6, f"{per_call * 1e6:.1f} µs per candidates()+plan()"
+
+
+def test_a_broken_external_entry_in_the_log_does_not_break_routing() -> None:
+    bad = seed_instance(3, 85)
+    bad["port"] = "not-a-port"  # written by some other tool, never validated
+    t = table_of(instance_events(1, Role.UNION), [refreshed([bad, seed_instance(4, 85)])])
+    assert keys(t.routable()) == ["ext/4", "n1/0"]
+
+
+def test_unknown_model_names_do_not_grow_the_caches() -> None:
+    t = table_of(instance_events(1, Role.UNION))
+    for i in range(100):
+        assert t.candidates(Role.UNION, f"nope-{i}") == []
+        assert t.plan(f"nope-{i}").kind == "none"
+    assert len(t._cand_cache) == 0 and len(t._plan_cache) == 0
