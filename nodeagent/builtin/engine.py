@@ -17,7 +17,14 @@ from nodeagent.builtin.kvcache import Allocation, BlockPool, block_hashes
 from nodeagent.builtin.metrics import EngineMetrics
 from nodeagent.builtin.openai_api import ApiError, GenRequest
 from nodeagent.builtin.settings import EngineSettings
-from nodeagent.builtin.textgen import Plan, natural_length, plan_output, prompt_digest
+from nodeagent.builtin.textgen import (
+    Plan,
+    context_of,
+    context_of_ids,
+    natural_length,
+    plan_output,
+    prompt_digest,
+)
 
 
 class Job:
@@ -102,9 +109,15 @@ class Engine:
             max_tokens = min(max_tokens, cap)
         digest = prompt_digest(g.prompt)
         natural = max_tokens
-        if not g.sampling.ignore_eos and max_tokens > s.natural_min_tokens:
+        # A natural end (EOS) only without max_tokens: with it, output length is predictable
+        # and a continuation (prompt + partial text, remaining budget) ends where the original would.
+        if not g.sampling.ignore_eos and g.max_tokens is None:
             natural = natural_length(digest, g.sampling, s.natural_min_tokens, s.natural_max_tokens)
-        plan = plan_output(digest, g.sampling, max_tokens, natural, self.faults.spec.precision)
+        if g.prompt_text is not None:
+            ctx = context_of(g.prompt_text)
+        else:
+            ctx = context_of_ids([int(t) for t in g.prompt])
+        plan = plan_output(ctx, g.sampling, max_tokens, natural, self.faults.spec.precision)
         if self.pool.blocks_for(n + plan.completion_tokens) > s.num_blocks:
             raise ApiError(
                 400,

@@ -59,6 +59,7 @@ class GenRequest:
     rid: str
     model: str
     prompt: Sequence[Token]
+    prompt_text: str | None  # None when the prompt came as token ids
     max_tokens: int | None
     sampling: Sampling
     stream: bool
@@ -180,7 +181,12 @@ def _request_id(body: dict[str, Any], header_rid: str | None) -> str:
 
 
 def _common(
-    body: dict[str, Any], chat: bool, names: tuple[str, ...], prompt: Sequence[Token], rid: str | None
+    body: dict[str, Any],
+    chat: bool,
+    names: tuple[str, ...],
+    prompt: Sequence[Token],
+    text: str | None,
+    rid: str | None,
 ) -> GenRequest:
     max_tokens = _int(body, "max_tokens", lo=1)
     if chat:
@@ -205,6 +211,7 @@ def _common(
         rid=_request_id(body, rid),
         model=check_model(body, names),
         prompt=prompt,
+        prompt_text=text,
         max_tokens=max_tokens,
         sampling=_sampling(body),
         stream=stream,
@@ -220,15 +227,18 @@ def parse_chat(body: dict[str, Any], names: tuple[str, ...], header_rid: str | N
     if "messages" not in body:
         raise ApiError(400, "messages is required", param="messages")
     try:
-        text = render_chat(body["messages"], _bool(body, "add_generation_prompt", True))
+        cont = _bool(body, "continue_final_message")
+        text = render_chat(body["messages"], _bool(body, "add_generation_prompt", not cont), cont)
     except TemplateError as exc:
         raise ApiError(400, str(exc), param="messages") from None
-    return _common(body, True, names, tokenize(text), header_rid)
+    return _common(body, True, names, tokenize(text), text, header_rid)
 
 
-def _prompt_tokens(prompt: Any) -> list[Token]:
+def _prompt(prompt: Any) -> tuple[list[Token], str | None]:
+    text: str | None = None
     if isinstance(prompt, str):
         tokens: list[Token] = list(tokenize(prompt))
+        text = prompt
     elif (
         isinstance(prompt, list)
         and prompt
@@ -236,7 +246,7 @@ def _prompt_tokens(prompt: Any) -> list[Token]:
     ):
         tokens = list(prompt)
     elif isinstance(prompt, list) and len(prompt) == 1:
-        return _prompt_tokens(prompt[0])
+        return _prompt(prompt[0])
     elif isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(p, str | list) for p in prompt):
         raise ApiError(
             400, "batched prompts are not supported by the builtin engine; send one prompt", param="prompt"
@@ -247,7 +257,7 @@ def _prompt_tokens(prompt: Any) -> list[Token]:
         )
     if not tokens:
         raise ApiError(400, "prompt must not be empty", param="prompt")
-    return tokens
+    return tokens, text
 
 
 def parse_completion(
@@ -256,4 +266,5 @@ def parse_completion(
     """Validate a `/v1/completions` body."""
     if "prompt" not in body:
         raise ApiError(400, "prompt is required", param="prompt")
-    return _common(body, False, names, _prompt_tokens(body["prompt"]), header_rid)
+    tokens, text = _prompt(body["prompt"])
+    return _common(body, False, names, tokens, text, header_rid)

@@ -1,15 +1,20 @@
-"""Deterministic text: a seeded generator over a word list, plus stop/EOS rules.
+"""Deterministic text: an autoregressive toy model over a word list, plus stop/EOS rules.
 
-The output is a pure function of the prompt (its digest) and the sampling parameters, and the
-first k tokens never depend on `max_tokens`. So a union engine and a prefill/decode pair give
-the same text for the same request, which is what the P/D tests rely on.
+Each next token is a pure function of the whole context so far (prompt plus generated text,
+whitespace ignored) and the sampling parameters, like greedy decoding of a real model. So:
+- a union engine and a prefill/decode pair give the same text for the same request;
+- the first k tokens never depend on `max_tokens`;
+- a request whose prompt is `prompt + the first k tokens` (a coordinator continuing a broken
+  stream, or a chat with `continue_final_message`) goes on with exactly the tokens k+1...
+The context is folded with CRC-32 (streamable, one C call for the prompt) and a splitmix64
+finalizer, so a token costs well under a microsecond.
 """
 
 from __future__ import annotations
 
 import hashlib
-import random
 import struct
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -74,48 +79,91 @@ def prompt_digest(tokens: Sequence[Token]) -> bytes:
     return h.digest()
 
 
-def _rng(digest: bytes, sampling: Sampling, salt: bytes) -> random.Random:
-    # Greedy decoding ignores the seed, like a real engine; sampling depends on it.
+@dataclass(frozen=True, slots=True)
+class Context:
+    """What the next token depends on: the folded context text and how it ends."""
+
+    key: int  # CRC-32 of the context with all whitespace removed
+    ends_with_space: bool  # the next word needs no leading space
+    capital: bool  # the next word starts a sentence
+    no_punct: bool  # punctuation may not come next
+
+
+def context_of(text: str) -> Context:
+    """The context of a prompt text (a completion prompt or a rendered chat)."""
+    key = zlib.crc32("".join(text.split()).encode())
+    stripped = text.rstrip()
+    last = stripped[-1:] if stripped else ""
+    ends_line = not stripped or text[len(stripped) :].find("\n") >= 0
+    return Context(
+        key=key,
+        ends_with_space=not text or text[-1].isspace(),
+        capital=ends_line or last in ".!?",
+        no_punct=ends_line or not (last.isalnum() or last == "_"),
+    )
+
+
+def context_of_ids(ids: Sequence[int]) -> Context:
+    """The context of a prompt given as token ids."""
+    return Context(zlib.crc32(",".join(map(str, ids)).encode()), True, True, True)
+
+
+def sampling_key(sampling: Sampling) -> int:
+    """64 bits standing for the sampling parameters (greedy ignores the seed, like a real engine)."""
     if sampling.temperature > 0:
         params = struct.pack("<ddq", sampling.temperature, sampling.top_p, sampling.seed or 0)
     else:
         params = b"greedy"
-    key = hashlib.blake2b(digest + params + salt, digest_size=8).digest()
-    return random.Random(int.from_bytes(key, "little"))
+    return int.from_bytes(hashlib.blake2b(params, digest_size=8).digest(), "little")
+
+
+_M64 = (1 << 64) - 1
+
+
+def _mix(x: int) -> int:
+    # splitmix64's finalizer: spreads a context key into 64 well-mixed bits.
+    x = (x + 0x9E3779B97F4A7C15) & _M64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
+    return x ^ (x >> 31)
 
 
 def natural_length(digest: bytes, sampling: Sampling, lo: int, hi: int) -> int:
-    """Where the model would emit EOS for this prompt: a stable value in [lo, hi]."""
+    """Where the model emits EOS when no max_tokens is given: a stable value in [lo, hi]."""
     if hi <= lo:
         return lo
-    return lo + _rng(digest, sampling, b"eos").randrange(hi - lo + 1)
+    return lo + _mix(int.from_bytes(digest[:8], "little") ^ sampling_key(sampling)) % (hi - lo + 1)
 
 
-def generate(digest: bytes, sampling: Sampling, n: int, garbage: bool = False) -> list[str]:
-    """The first `n` token texts for this prompt and sampling."""
-    rng = _rng(digest, sampling, b"text")
-    pool = len(WORDS) if sampling.temperature > 0 else 48
-    if sampling.temperature > 0:
-        pool = min(len(WORDS), 48 + int(sampling.temperature * 200))
+def generate(ctx: Context, sampling: Sampling, n: int, garbage: bool = False) -> list[str]:
+    """The next `n` token texts after context `ctx`."""
+    # Higher temperature samples from more of the vocabulary; greedy stays with the top words.
+    pool = min(len(WORDS), 48 + int(sampling.temperature * 200)) if sampling.temperature > 0 else 48
     pool = max(1, int(pool * min(1.0, max(sampling.top_p, 0.01))))
-    rand = rng.random
+    skey = sampling_key(sampling)
+    key, space, capital, no_punct = ctx.key, not ctx.ends_with_space, ctx.capital, ctx.no_punct
+    crc, words, mix = zlib.crc32, WORDS, _mix
+    punct_cut = int(_PUNCT_RATE * 65536)
+    comma_cut = int((_PUNCT_RATE + _COMMA_RATE) * 65536)
     out: list[str] = []
-    capital = True
-    after_punct = True
-    for i in range(n):
-        r = rand()
-        if not after_punct and r < _PUNCT_RATE:
-            out.append(".")
-            capital = after_punct = True
-        elif not after_punct and r < _PUNCT_RATE + _COMMA_RATE:
-            out.append(",")
-            after_punct = True
+    for _ in range(n):
+        r = mix((key << 32) ^ skey)
+        low = r & 0xFFFF
+        if not no_punct and low < punct_cut:
+            tok = core = "."
+            capital = no_punct = True
+        elif not no_punct and low < comma_cut:
+            tok = core = ","
+            no_punct = True
         else:
-            word = WORDS[int(rand() * pool)]
+            core = words[(r >> 16) % pool]
             if capital:
-                word = word.capitalize()
-            out.append(word if i == 0 else " " + word)
-            capital = after_punct = False
+                core = core.capitalize()
+            tok = " " + core if space else core
+            capital = no_punct = False
+        out.append(tok)
+        key = crc(core.encode(), key)
+        space = True
     if garbage:
         # A precision fault: the shape of the output stays, its content is numerically broken.
         out = [_GARBAGE[(i + len(t)) % len(_GARBAGE)] for i, t in enumerate(out)]
@@ -142,7 +190,7 @@ def _find_stop(tokens: list[str], stops: tuple[str, ...], min_tokens: int) -> tu
 
 
 def plan_output(
-    digest: bytes,
+    ctx: Context,
     sampling: Sampling,
     max_tokens: int,
     natural_len: int,
@@ -154,7 +202,7 @@ def plan_output(
         limit = max(natural_len, min(sampling.min_tokens, max_tokens))
         if limit < max_tokens:
             finish = "stop"
-    tokens = generate(digest, sampling, limit, garbage)
+    tokens = generate(ctx, sampling, limit, garbage)
     stops = tuple(s for s in sampling.stop if s)
     found = _find_stop(tokens, stops, sampling.min_tokens) if stops else None
     if found is None:

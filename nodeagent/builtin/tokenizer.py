@@ -55,8 +55,16 @@ def _content_text(content: Any, where: str) -> str:
     raise TemplateError(f"{where}.content must be a string or a list of content parts")
 
 
-def render_chat(messages: Sequence[Any], add_generation_prompt: bool = True) -> str:
-    """Apply the builtin chat template: one `<|role|>` header and body per message."""
+def render_chat(
+    messages: Sequence[Any], add_generation_prompt: bool = True, continue_final_message: bool = False
+) -> str:
+    """Apply the builtin chat template: one `<|role|>` header and body per message.
+
+    With `continue_final_message` the last message is left open, so generation goes on inside
+    it (how a broken stream is continued elsewhere).
+    """
+    if add_generation_prompt and continue_final_message:
+        raise TemplateError("Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
     if not isinstance(messages, list | tuple) or not messages:
         raise TemplateError("messages must be a non-empty list")
     out: list[str] = []
@@ -74,6 +82,8 @@ def render_chat(messages: Sequence[Any], add_generation_prompt: bool = True) -> 
                 fn = call.get("function", {}) if isinstance(call, dict) else {}
                 text += f"<tool_call>{fn.get('name', '')} {fn.get('arguments', '')}"
         out.append(f"<|{role}|>\n{text}\n")
+    if continue_final_message:
+        out[-1] = out[-1][:-1]
     if add_generation_prompt:
         out.append("<|assistant|>\n")
     return "".join(out)
