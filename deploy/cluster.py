@@ -1,0 +1,299 @@
+"""The local cluster launcher behind `motor up` (and the whole-cluster tests).
+
+Starts nats-server (embedded, data under `.motor/`, unless an external URL is given), a
+controller leader and a standby, a coordinator and one node agent per node the config needs,
+each as its own process with its log under `.motor/logs/`. Every child carries the marker
+`MOTOR_UP_SESSION` in its environment, so `stop()` also finds the engine processes the node
+agents started in their own process groups.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import orjson
+
+from core.config import ClusterConfig
+from core.events import Role
+from core.ids import new_id
+
+
+@dataclass(frozen=True)
+class Ports:
+    nats: int = 4222
+    nats_monitor: int = 8222
+    coordinator: int = 8000
+    controller: int = 8100
+    nodeagent: int = 8200
+    engine: int = 9000
+    engine_stride: int = 100  # engine ports of node i: engine + i * stride, one per DP rank
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    node_id: str
+    role: Role
+    port: int
+    engine_port_base: int
+
+
+@dataclass
+class Child:
+    name: str
+    argv: list[str]
+    log: Path
+    proc: subprocess.Popen[bytes] | None = None
+
+
+@dataclass
+class LocalCluster:
+    cfg: ClusterConfig
+    root: Path = Path(".motor")
+    ports: Ports = field(default_factory=Ports)
+    nats_url: str | None = None  # external server; None = start the embedded one
+    nodes: int | None = None  # node agents to run; None = what the config needs
+    standby: bool = True
+    extra_env: dict[str, str] = field(default_factory=dict)
+    session: str = field(default_factory=lambda: new_id()[:16])
+    children: list[Child] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.root = self.root.resolve()
+        self._nats: object | None = None
+
+    # ------------------------------------------------------------------ plan
+
+    def node_plan(self) -> list[NodePlan]:
+        """One node agent per node of every instance the config asks for (or `nodes`)."""
+        wanted: list[Role] = []
+        for role, sec in self.cfg.sections().items():
+            wanted += [role] * (sec.instances * sec.nodes_per_instance())
+        if self.nodes is not None:
+            if self.nodes < len(wanted):
+                wanted = wanted[: self.nodes]
+            else:
+                # Spare nodes take the role of the first section: they replace failed nodes.
+                wanted += [wanted[0] if wanted else Role.UNION] * (self.nodes - len(wanted))
+        plans = []
+        counters: dict[Role, int] = {}
+        for i, role in enumerate(wanted):
+            k = counters.get(role, 0)
+            counters[role] = k + 1
+            plans.append(
+                NodePlan(
+                    node_id=f"{role.value}-{k}",
+                    role=role,
+                    port=self.ports.nodeagent + i,
+                    engine_port_base=self.ports.engine + i * self.ports.engine_stride,
+                )
+            )
+        return plans
+
+    @property
+    def url(self) -> str:
+        return self.nats_url or f"nats://127.0.0.1:{self.ports.nats}"
+
+    @property
+    def coordinator_url(self) -> str:
+        return f"http://{self.cfg.coordinator.host}:{self.ports.coordinator}"
+
+    @property
+    def controller_url(self) -> str:
+        return f"http://{self.cfg.controller.host}:{self.ports.controller}"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        """Start NATS and every process; return once all are spawned (not yet ready)."""
+        self.logs.mkdir(parents=True, exist_ok=True)
+        cfg_path = self.root / "cluster.json"
+        cfg_path.write_bytes(orjson.dumps(self.cfg.model_dump(mode="json"), option=orjson.OPT_INDENT_2))
+        if self.nats_url is None:
+            from streams.server import EmbeddedNats
+
+            nats = EmbeddedNats(
+                self.root / "nats",
+                port=self.ports.nats,
+                monitor_port=self.ports.nats_monitor,
+                log_file=self.logs / "nats-server.log",
+            )
+            await nats.start()
+            self._nats = nats
+        await self._ensure_streams()
+        py = [sys.executable, "-m", "deploy.cli"]
+        common = ["--config", str(cfg_path), "--nats-url", self.url]
+        ids = ["c1", "c2"] if self.standby else ["c1"]
+        for i, cid in enumerate(ids):
+            self._spawn(
+                f"controller-{cid}",
+                [
+                    *py,
+                    "controller",
+                    *common,
+                    "--id",
+                    cid,
+                    "--host",
+                    self.cfg.controller.host,
+                    "--port",
+                    str(self.ports.controller + i),
+                ],
+            )
+        self._spawn(
+            "coordinator",
+            [
+                *py,
+                "coordinator",
+                *common,
+                "--host",
+                self.cfg.coordinator.host,
+                "--port",
+                str(self.ports.coordinator),
+            ],
+        )
+        for plan in self.node_plan():
+            self._spawn(
+                f"nodeagent-{plan.node_id}",
+                [
+                    *py,
+                    "nodeagent",
+                    *common,
+                    "--node-id",
+                    plan.node_id,
+                    "--role",
+                    plan.role.value,
+                    "--ip",
+                    "127.0.0.1",
+                    "--port",
+                    str(plan.port),
+                    "--engine-port-base",
+                    str(plan.engine_port_base),
+                    "--log-dir",
+                    str(self.logs),
+                ],
+            )
+
+    async def _ensure_streams(self) -> None:
+        from streams.connection import connect
+        from streams.definitions import ensure_streams
+
+        nc = await connect(self.url, name="motor-up")
+        try:
+            await ensure_streams(nc.jetstream(), self.cfg.nats, lease_ttl=self.cfg.controller.lease_ttl)
+        finally:
+            await nc.close()
+
+    def _spawn(self, name: str, argv: list[str]) -> Child:
+        log = self.logs / f"{name}.log"
+        env = {**os.environ, **self.extra_env, "MOTOR_UP_SESSION": self.session, "PYTHONUNBUFFERED": "1"}
+        with log.open("ab") as fh:
+            proc = subprocess.Popen(
+                argv,
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+            )
+        child = Child(name, argv, log, proc)
+        self.children.append(child)
+        return child
+
+    def child(self, name: str) -> Child:
+        for c in self.children:
+            if c.name == name:
+                return c
+        raise KeyError(name)
+
+    def exited(self) -> list[Child]:
+        """Children that have exited (a crash during `motor up` is reported with its log)."""
+        return [c for c in self.children if c.proc is not None and c.proc.poll() is not None]
+
+    def kill_child(self, name: str, sig: int = signal.SIGKILL) -> None:
+        c = self.child(name)
+        if c.proc is not None and c.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(c.proc.pid, sig)
+
+    def restart_child(self, name: str) -> Child:
+        c = self.child(name)
+        self.children.remove(c)
+        return self._spawn(name, c.argv)
+
+    async def stop(self, grace: float = 10.0) -> int:
+        """Stop every process this cluster started, engines included; return how many."""
+        procs = [c.proc for c in self.children if c.proc is not None and c.proc.poll() is None]
+        # Node agents first (they stop their engines), then the rest.
+        order = sorted(
+            (c for c in self.children if c.proc is not None and c.proc.poll() is None),
+            key=lambda c: 0 if c.name.startswith("nodeagent") else 1,
+        )
+        for c in order:
+            assert c.proc is not None
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(c.proc.pid, signal.SIGTERM)
+        await asyncio.gather(*(asyncio.to_thread(_wait, p, grace) for p in procs))
+        for p in procs:
+            if p.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+        strays = list(self._session_pids())
+        for pid in strays:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 5
+        # Not our children: nothing to await but their disappearance from /proc.
+        while time.monotonic() < deadline and any(_alive(p) for p in strays):  # noqa: ASYNC110
+            await asyncio.sleep(0.1)
+        for pid in strays:
+            if _alive(pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        if self._nats is not None:
+            await self._nats.stop()  # type: ignore[attr-defined]
+            self._nats = None
+        return len(procs) + len(strays)
+
+    def _session_pids(self) -> Iterator[int]:
+        marker = f"MOTOR_UP_SESSION={self.session}".encode()
+        me = os.getpid()
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit() or int(entry.name) == me:
+                continue
+            try:
+                environ = (entry / "environ").read_bytes()
+            except OSError:
+                continue
+            if marker in environ.split(b"\0"):
+                yield int(entry.name)
+
+
+def _wait(proc: subprocess.Popen[bytes], timeout: float) -> None:
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie child of ours counts as gone.
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z"

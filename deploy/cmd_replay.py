@@ -1,0 +1,208 @@
+"""`motor replay`: rebuild the controller's and the coordinator's state at any point.
+
+From the live stream or a JSONL export; `--explain` walks the chain behind an entity,
+`--timeline` writes an offline HTML page, `--verify` re-runs the controller's decide.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from deploy.common import add_nats_args, load_config_file, nats_options, unreachable_hint
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "replay",
+        help="rebuild cluster state at a point of the log; explain, timeline, verify",
+        description="Rebuild the controller's and coordinator's state from the log (live or a JSONL export).",
+    )
+    src = p.add_argument_group("what to replay")
+    src.add_argument("--from-file", metavar="FILE.jsonl", help="replay an export instead of the live stream")
+    src.add_argument("--until-seq", type=int, default=None, help="stop after this stream sequence")
+    src.add_argument("--until-time", default=None, help="stop at this time (ISO 8601, or Unix seconds)")
+    out = p.add_argument_group("what to show")
+    out.add_argument(
+        "--explain", nargs=2, metavar=("KIND", "ID"), help="e.g. `--explain instance 3`, `--explain node n7`"
+    )
+    out.add_argument("--timeline", metavar="FILE.html", help="write an offline HTML timeline of the range")
+    out.add_argument(
+        "--verify", action="store_true", help="re-run decide and report decisions the code would not make"
+    )
+    out.add_argument("--config", help="cluster config used by --verify (default: the embedded default)")
+    out.add_argument("--json", action="store_true", help="print the rebuilt state as JSON")
+    add_nats_args(p)
+    p.set_defaults(func=_replay)
+
+
+def parse_time(text: str) -> float:
+    """Unix seconds, or an ISO 8601 time (UTC when no zone is given)."""
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        dt = datetime.fromisoformat(text)
+    except ValueError:
+        raise SystemExit(
+            f"motor replay: --until-time {text!r} is neither Unix seconds nor ISO 8601 (e.g. 2026-11-29T10:42:01)"
+        ) from None
+    if dt.tzinfo is None:
+        from datetime import UTC
+
+        dt = dt.replace(tzinfo=UTC)
+    return dt.timestamp()
+
+
+async def load_records(args: argparse.Namespace) -> tuple[list[Any], int]:
+    """The records of the range asked for, and how many could not be decoded."""
+    until_time = parse_time(args.until_time) if args.until_time else None
+    if args.from_file:
+        return read_jsonl_records(Path(args.from_file), until_seq=args.until_seq, until_time=until_time)
+    from streams.connection import connect
+    from streams.definitions import MOTOR_STREAM
+    from streams.reader import read_range
+
+    nc = await asyncio.wait_for(connect(nats_options(args), name="motor-replay"), timeout=5)
+    try:
+        records = [
+            r async for r in read_range(nc, MOTOR_STREAM, until_seq=args.until_seq, until_time=until_time)
+        ]
+    finally:
+        await nc.close()
+    return records, 0
+
+
+def read_jsonl_records(
+    path: Path, *, until_seq: int | None = None, until_time: float | None = None
+) -> tuple[list[Any], int]:
+    """The MOTOR records of an export as typed events; undecodable ones are counted."""
+    from core.codec import decode_dict
+    from core.errors import DecodeError
+    from streams.definitions import MOTOR_STREAM
+    from streams.reader import Record
+    from streams.replay import iter_jsonl
+
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no such export file")
+    records: list[Any] = []
+    skipped = 0
+    for line in iter_jsonl(path):
+        if line.stream != MOTOR_STREAM:
+            continue
+        if until_seq is not None and line.seq > until_seq:
+            break
+        try:
+            if not isinstance(line.event, dict):
+                raise DecodeError("not a JSON object")
+            ev = decode_dict(line.event)
+        except DecodeError:
+            skipped += 1
+            continue
+        if until_time is not None and ev.ts > until_time:
+            break
+        records.append(Record(MOTOR_STREAM, line.seq, line.subject, ev))
+    return records, skipped
+
+
+def _replay(args: argparse.Namespace) -> int:
+    try:
+        records, skipped = asyncio.run(load_records(args))
+    except FileNotFoundError as exc:
+        print(f"motor replay: {exc}", file=sys.stderr)
+        return 1
+    except (OSError, TimeoutError) as exc:
+        print(f"motor replay: {unreachable_hint(args.nats_url)} ({exc})", file=sys.stderr)
+        return 1
+    return run_replay(args, records, skipped)
+
+
+def run_replay(args: argparse.Namespace, records: list[Any], skipped: int = 0) -> int:
+    """Everything after the records are loaded (also used by tests)."""
+    from rich.console import Console
+
+    from core.reducer import apply
+    from core.state import ClusterState, state_to_dict
+    from deploy.status import status_table
+
+    console = Console()
+    state = ClusterState()
+    for rec in records:
+        state = apply(state, rec.event, rec.seq)
+    span = f"seq {records[0].seq}–{records[-1].seq}" if records else "empty range"
+    console.print(
+        f"replayed {len(records)} events ({span}); {skipped} skipped (unknown type or newer schema)"
+    )
+    code = 0
+    if args.explain:
+        from streams.explain import explain, render
+
+        kind, entity = args.explain
+        if kind not in ("instance", "node"):
+            print("motor replay: --explain KIND must be `instance` or `node`", file=sys.stderr)
+            return 2
+        lines = explain(records, kind, entity)
+        if not lines:
+            console.print(f"no events about {kind} {entity} in this range")
+        else:
+            console.print(f"[bold]{kind} {entity}[/], newest first:", highlight=False)
+            console.print(render(lines), highlight=False, markup=False)
+    if args.timeline:
+        from streams.timeline import render_html
+
+        out = Path(args.timeline)
+        out.write_text(render_html(records, title=f"Motor timeline ({span})"))
+        console.print(f"timeline written to {out} — open it in a browser (works offline)")
+    if args.verify:
+        code = max(code, _verify(args, records, console))
+    if args.json:
+        import orjson
+
+        sys.stdout.write(orjson.dumps(state_to_dict(state), option=orjson.OPT_INDENT_2).decode() + "\n")
+    elif not args.explain and not args.timeline:
+        console.print(status_table(state, state.last_ts or time.time()))
+        console.print(_routing_summary(records))
+    return code
+
+
+def _verify(args: argparse.Namespace, records: list[Any], console: Any) -> int:
+    from controller.decide import decide
+    from streams.verify import verify
+
+    cfg = load_config_file(args.config)
+    report = verify(records, lambda s, now: decide(s, cfg, now))
+    console.print(
+        f"verify: {report.checked} logged decisions, {report.verified} reproduced, "
+        f"{report.unverifiable} depend on heartbeats (not in the log), {len(report.mismatches)} differ"
+    )
+    for m in report.mismatches[:50]:
+        console.print(m.render(), markup=False, highlight=False)
+    return 0 if report.ok else 3
+
+
+def _routing_summary(records: list[Any]) -> str:
+    """What the coordinator would route to at this point (its own fold of the same events)."""
+    from coordinator.table import RoutingTable
+    from core.events import Role
+
+    table = RoutingTable()
+    for rec in records:
+        table.apply(rec.event, rec.seq)
+    lines = ["coordinator routing table:"]
+    models: list[str | None] = list(table.models()) or [None]
+    for model in models:
+        plan = table.plan(model)
+        lines.append(
+            f"  model {model}: plan {getattr(plan, 'kind', plan)} {getattr(plan, 'reason', '') or ''}".rstrip()
+        )
+        for role in (Role.UNION, Role.PREFILL, Role.DECODE):
+            eps = table.candidates(role, model)
+            if eps:
+                lines.append(f"    {role.value}: " + ", ".join(f"{e.key}@{e.host}:{e.port}" for e in eps))
+    return "\n".join(lines)

@@ -1,0 +1,211 @@
+"""`motor up`: the local cluster on the embedded defaults; `motor status`: its table."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from deploy.common import add_nats_args, load_config_file, nats_options, unreachable_hint
+
+
+def register(sub: Any) -> None:
+    up = sub.add_parser("up", help="run a local cluster (nats-server, controllers, coordinator, node agents)")
+    up.add_argument(
+        "--config", help="cluster config (YAML/JSON); default: one union instance and a 1P1D pair"
+    )
+    up.add_argument(
+        "--nodes", type=int, default=None, help="node agents to run (default: what the config needs)"
+    )
+    up.add_argument("--nats-url", default=None, help="use this external NATS instead of starting one")
+    up.add_argument("--root", default=".motor", help="state dir: NATS data, logs (default %(default)s)")
+    up.add_argument("--no-live", action="store_true", help="print status lines instead of a live table")
+    up.add_argument("--no-standby", action="store_true", help="run one controller only")
+    up.set_defaults(func=_up)
+    st = sub.add_parser("status", help="print the cluster table from the log of a running cluster")
+    add_nats_args(st)
+    st.set_defaults(func=_status)
+
+
+def _port_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def _up(args: argparse.Namespace) -> int:
+    from core.errors import ConfigError
+
+    try:
+        cfg = load_config_file(args.config)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    from deploy.cluster import LocalCluster, Ports
+
+    ports = Ports(
+        coordinator=cfg.coordinator.port,
+        controller=cfg.controller.port,
+        nodeagent=cfg.nodeagent.port_base,
+        engine=cfg.nodeagent.engine_port_base,
+    )
+    cluster = LocalCluster(
+        cfg,
+        root=Path(args.root),
+        ports=ports,
+        nats_url=args.nats_url,
+        nodes=args.nodes,
+        standby=not args.no_standby,
+    )
+    busy = [
+        (what, p)
+        for what, p in (
+            ("NATS", ports.nats if args.nats_url is None else None),
+            ("NATS monitoring", ports.nats_monitor if args.nats_url is None else None),
+            ("coordinator", ports.coordinator),
+            ("controller", ports.controller),
+        )
+        if p is not None and not _port_free("127.0.0.1", p)
+    ]
+    if busy:
+        names = ", ".join(f"{what} port {p}" for what, p in busy)
+        print(
+            f"motor up: {names} already in use — is another `motor up` running? "
+            "Stop it (Ctrl-C in its terminal), or change the ports in a --config file.",
+            file=sys.stderr,
+        )
+        return 1
+    try:
+        return asyncio.run(_run_up(cluster, live=not args.no_live and sys.stdout.isatty()))
+    except KeyboardInterrupt:
+        return 130
+
+
+async def _run_up(cluster: Any, *, live: bool) -> int:
+    from rich.console import Console
+
+    from deploy.status import ready_summary, status_table
+    from deploy.watch import StateWatcher
+    from streams.connection import connect
+
+    console = Console()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    t0 = time.monotonic()
+    plan = cluster.node_plan()
+    with console.status("starting nats-server…"):
+        try:
+            await cluster.start()
+        except Exception as exc:
+            console.print(f"[red]motor up: could not start: {exc}[/]")
+            await cluster.stop()
+            console.print(f"logs: {cluster.logs}")
+            return 1
+    console.print(
+        f"[green]started[/] nats ({cluster.url}), controller{'s c1+c2' if cluster.standby else ' c1'}, "
+        f"coordinator, {len(plan)} node agents ({', '.join(p.node_id for p in plan)}) — logs in {cluster.logs}"
+    )
+    nc = await connect(cluster.url, name="motor-up")
+    watcher = StateWatcher(nc)
+    await watcher.start()
+    announced = False
+    reported: set[str] = set()
+    code = 0
+    try:
+        live_ctx: Any = contextlib.nullcontext()
+        if live:
+            from rich.live import Live
+
+            live_ctx = Live(status_table(watcher.state, time.time()), console=console, refresh_per_second=2)
+        with live_ctx as lv:
+            last_line = 0.0
+            while not stop.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), timeout=0.5)
+                state = watcher.state
+                for child in cluster.exited():
+                    if child.name not in reported:
+                        reported.add(child.name)
+                        tail = _tail(child.log)
+                        console.print(
+                            f"[red]{child.name} exited with code {child.proc.returncode}[/]; "
+                            f"last lines of {child.log}:\n{tail}"
+                        )
+                active, total = ready_summary(state)
+                if not announced and active > 0:
+                    announced = True
+                    took = time.monotonic() - t0
+                    console.print(_urls(cluster, state, took))
+                if lv is not None:
+                    lv.update(status_table(state, time.time()))
+                elif time.monotonic() - last_line > 5:
+                    last_line = time.monotonic()
+                    console.print(
+                        f"{time.strftime('%H:%M:%S')} instances active {active}/{total}, nodes {len(state.nodes)}"
+                    )
+    finally:
+        await watcher.stop()
+        await nc.close()
+        with console.status("stopping…"):
+            n = await cluster.stop()
+        console.print(
+            f"stopped {n} processes (controllers, coordinator, node agents, engines) and nats-server"
+        )
+    return code
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def _urls(cluster: Any, state: Any, took: float) -> str:
+    models = sorted({i.spec.model for i in state.instances.values()}) or ["motor-sim"]
+    model = models[0]
+    base = cluster.coordinator_url
+    return (
+        f"\n[bold green]ready[/] in {took:.1f}s — OpenAI endpoint {base}/v1 (model {model!r})\n"
+        f"  curl {base}/v1/chat/completions -H 'content-type: application/json' "
+        f'-d \'{{"model": "{model}", "messages": [{{"role": "user", "content": "hello"}}]}}\'\n'
+        f"  python -c \"from openai import OpenAI; c = OpenAI(base_url='{base}/v1', api_key='none'); "
+        f"print(c.chat.completions.create(model='{model}', messages=[{{'role': 'user', 'content': 'hello'}}]).choices[0].message.content)\"\n"
+        f"  controller {cluster.controller_url}/v1/instances · log: motor events ls --nats-url {cluster.url}\n"
+        "  Ctrl-C stops everything.\n"
+    )
+
+
+def _status(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from deploy.status import status_table
+    from deploy.watch import snapshot_state
+    from streams.connection import connect
+
+    async def go() -> int:
+        nc = await asyncio.wait_for(connect(nats_options(args), name="motor-status"), timeout=5)
+        try:
+            state = await snapshot_state(nc)
+        finally:
+            await nc.close()
+        Console().print(status_table(state, time.time()))
+        return 0
+
+    try:
+        return asyncio.run(go())
+    except (OSError, TimeoutError) as exc:
+        print(f"motor status: {unreachable_hint(args.nats_url)} ({exc})", file=sys.stderr)
+        return 1

@@ -1,0 +1,150 @@
+"""`motor replay --explain`: the chain of events and decisions behind an entity's state.
+
+Pure functions over logged records (anything with `seq`, `subject`, `event`). For an
+instance or a node, list the events about it newest first; for each, follow `caused_by`
+links back through the log ("isolated ← fault.reported L5 CardUnhealthy on n7, seq 812 ← …").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+
+class LoggedEvent(Protocol):
+    seq: int
+    subject: str
+    event: Any
+
+
+@dataclass(frozen=True, slots=True)
+class ExplainLine:
+    seq: int
+    ts: float
+    subject: str
+    summary: str
+    chain: tuple[str, ...]  # caused_by links, nearest first
+
+    def render(self) -> str:
+        head = f"{fmt_time(self.ts)}  seq {self.seq:<6} {self.subject:<32} {self.summary}"
+        if not self.chain:
+            return head
+        return head + "\n" + "\n".join(f"{'':>12}← {link}" for link in self.chain)
+
+
+def fmt_time(ts: float) -> str:
+    """HH:MM:SS.d in UTC, the resolution an operator reads incidents at."""
+    dt = datetime.fromtimestamp(ts, tz=UTC)
+    return dt.strftime("%H:%M:%S.") + f"{dt.microsecond // 100_000}"
+
+
+def summarize(ev: Any) -> str:
+    """A one-line, human summary of an event."""
+    d = ev.data
+    t = ev.type
+    if t == "node.registered":
+        extra = " (restored)" if d.restored else ""
+        return f"node {d.node_id} registered as {d.role} {d.engine_type} at {d.pod_ip}{extra}"
+    if t == "node.deregistered":
+        return f"node {d.node_id} deregistered {d.reason}".rstrip()
+    if t == "node.heartbeat":
+        return f"heartbeat from {d.node_id}"
+    if t == "command.start":
+        return f"start sent to {d.node_id} for instance {d.instance_id} (attempt {d.attempt}, rank {d.node_rank})"
+    if t == "command.stop":
+        return f"stop sent to {d.node_id} for instance {d.instance_id} {d.reason}".rstrip()
+    if t == "command.applied":
+        return f"{d.verb} applied on {d.node_id}"
+    if t == "command.refused":
+        return f"{d.verb} refused on {d.node_id}: {d.code} {d.reason}"
+    if t == "endpoint.status_changed":
+        why = f" ({d.reason})" if d.reason else ""
+        code = f" exit {d.exit_code}" if d.exit_code is not None else ""
+        return f"endpoint {d.node_id}/{d.endpoint_id} {d.previous or '-'} → {d.status}{why}{code}"
+    if t == "fault.reported":
+        return f"fault.reported {d.level} {d.code} on {d.node_id}" + (f": {d.message}" if d.message else "")
+    if t == "fault.cleared":
+        return f"fault {d.fault_id} cleared on {d.node_id}"
+    if t == "precision.alarm_raised":
+        p = f" / p {d.p_instance_id}" if d.p_instance_id is not None else ""
+        return f"precision alarm raised on d {d.d_instance_id}{p} by {d.detector}: {d.reason}"
+    if t == "precision.alarm_cleared":
+        return f"precision alarm cleared on d {d.d_instance_id}"
+    if t == "snapshot.checkpoint":
+        return f"snapshot {d.phase} on {d.node_id}"
+    if t == "instance.assembled":
+        nodes = ",".join(m.node_id for m in d.members)
+        return f"instance {d.instance_id} assembled ({d.role}, {d.engine_type}) on {nodes}"
+    if t == "instance.state_changed":
+        why = f" ({d.reason})" if d.reason else ""
+        return f"instance {d.instance_id} {d.previous or '-'} → {d.state}{why}"
+    if t == "controller.leader_changed":
+        return f"leader {d.previous or '-'} → {d.leader_id} (term {d.term})"
+    if t == "instances.refreshed":
+        return f"instances refreshed ({d.event}): {list(d.ids)}"
+    return t
+
+
+def concerns(ev: Any, kind: str, entity: str) -> bool:
+    """Whether an event is about the instance or node named."""
+    d = ev.data
+    if kind == "instance":
+        iid = int(entity)
+        if getattr(d, "instance_id", None) == iid:
+            return True
+        if ev.type.startswith("precision."):
+            return iid in (d.d_instance_id, d.p_instance_id)
+        return False
+    if kind == "node":
+        if getattr(d, "node_id", None) == entity:
+            return True
+        if ev.type == "instance.assembled":
+            return any(m.node_id == entity for m in d.members)
+        return False
+    raise ValueError(f"unknown entity kind {kind!r} (use instance or node)")
+
+
+def explain(
+    records: Sequence[LoggedEvent], kind: str, entity: str, *, limit: int = 50, max_depth: int = 8
+) -> list[ExplainLine]:
+    """Events about the entity, newest first, each with its `caused_by` chain."""
+    by_seq = {r.seq: r for r in records}
+    by_id = {r.event.id: r for r in records}
+    lines: list[ExplainLine] = []
+    for rec in reversed(records):
+        ev = rec.event
+        if ev.type == "node.heartbeat" or not concerns(ev, kind, entity):
+            continue
+        lines.append(
+            ExplainLine(rec.seq, ev.ts, rec.subject, summarize(ev), _chain(ev, by_seq, by_id, max_depth))
+        )
+        if len(lines) >= limit:
+            break
+    return lines
+
+
+def _chain(ev: Any, by_seq: dict[int, Any], by_id: dict[str, Any], max_depth: int) -> tuple[str, ...]:
+    links: list[str] = []
+    seen: set[str] = {ev.id}
+    cur = ev
+    while cur.caused_by is not None and len(links) < max_depth:
+        cb = cur.caused_by
+        rec = by_seq.get(cb.seq) if cb.seq is not None else None
+        if rec is None or rec.event.id != cb.id:
+            rec = by_id.get(cb.id)
+        if rec is None:
+            where = f"seq {cb.seq}" if cb.seq is not None else f"id {cb.id}"
+            links.append(f"{where} (not in this log range)")
+            break
+        if rec.event.id in seen:
+            break
+        seen.add(rec.event.id)
+        links.append(f"{summarize(rec.event)}, seq {rec.seq} at {fmt_time(rec.event.ts)}")
+        cur = rec.event
+    return tuple(links)
+
+
+def render(lines: Iterable[ExplainLine]) -> str:
+    return "\n".join(line.render() for line in lines)
