@@ -27,6 +27,7 @@ class Policy(Protocol):
     """Pick one endpoint for a request, or None when every candidate is excluded."""
 
     name: str
+    uses_prefix: bool  # False: the caller may pass an empty prefix and skip computing it
 
     def select(
         self, endpoints: Sequence[Endpoint], req: RequestInfo, exclude: Collection[str] = ()

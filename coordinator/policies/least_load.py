@@ -12,6 +12,7 @@ class LeastLoad:
     """Lowest load wins; ties rotate so equal endpoints share a burst."""
 
     name = "least_load"
+    uses_prefix = False
 
     def __init__(self) -> None:
         self._start = 0

@@ -13,6 +13,7 @@ class PowerOfTwo:
     """Near least-load quality at O(1), and no herd on one endpoint between load updates."""
 
     name = "power_of_two"
+    uses_prefix = False
 
     def __init__(self, rng: random.Random | None = None) -> None:
         self._rng = rng or random.Random()

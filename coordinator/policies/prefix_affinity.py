@@ -1,11 +1,14 @@
 """prefix_affinity: requests sharing a prompt prefix go where that prefix's KV cache already is.
 
-The prompt's first bytes are cut into blocks; each block's hash chains the hashes before it,
-so a hash names a whole prefix. A bounded LRU maps prefix hashes to the endpoint that served
-them last. A request goes to the endpoint of its longest remembered prefix, unless that
-endpoint is over the load bound (consistent hashing with bounded loads: at most
-`load_factor` × the mean load, plus `slack`); then the next shorter prefix is tried, and
-finally the least loaded endpoint. So a hot prefix spills over instead of drowning one engine.
+The prompt's first bytes are cut into blocks of doubling size (256, 256, 512, 1024 … bytes,
+so boundaries at 256, 512, 1024, 2048 …): a handful of hashes cover a long shared system
+prompt, and the routing decision only needs "which endpoint has seen the longest part of
+this", not token precision. Each block's hash chains the ones before it, so a hash names a
+whole prefix. A bounded LRU maps prefix hashes to the endpoint that served them last. A
+request goes to the endpoint of its longest remembered prefix unless that endpoint is over
+the load bound (consistent hashing with bounded loads: at most `load_factor` × the mean load,
+plus `slack`); then the next shorter prefix is tried, and finally the least loaded endpoint.
+So a hot prefix spills over instead of drowning one engine.
 """
 
 from __future__ import annotations
@@ -15,25 +18,29 @@ import zlib
 from collections import OrderedDict
 from collections.abc import Collection, Sequence
 
-from coordinator.policies.base import RequestInfo
+from coordinator.policies.base import PREFIX_LIMIT, RequestInfo
 from coordinator.policies.least_load import LeastLoad
 from coordinator.table import Endpoint
 
 
-def block_hashes(prefix: bytes, block_size: int, max_blocks: int) -> list[int]:
-    """Chained hashes of the prefix's blocks: element i names bytes [0, (i+1)·block_size).
+def block_hashes(prefix: bytes, first_block: int = 256, max_bytes: int = PREFIX_LIMIT) -> list[int]:
+    """Chained hashes of the prefix's blocks; element i names bytes [0, boundary_i).
 
-    CRC-32 chains natively (each block's CRC starts from the previous one) and runs in C over
-    a memoryview, ~10x cheaper than hashing tuples of slices. A collision only costs a
-    suboptimal placement, never a wrong answer, so 32 bits (plus the block index) suffice.
+    Boundaries double from `first_block`; the last block may be partial. CRC-32 chains
+    natively (each block's CRC starts from the previous one) and runs in C; the prefix
+    length is part of each value. A collision only costs a suboptimal placement.
     """
     out: list[int] = []
     crc = 0
-    view = memoryview(prefix)
-    end = min(len(prefix), block_size * max_blocks)
-    for i, start in enumerate(range(0, end, block_size)):
-        crc = zlib.crc32(view[start : start + block_size], crc)
-        out.append((i << 32) | crc)
+    start = 0
+    size = first_block
+    end = min(len(prefix), max_bytes)
+    while start < end:
+        stop = min(start + size, end)
+        crc = zlib.crc32(prefix[start:stop], crc)
+        out.append((stop << 32) | crc)
+        start = stop
+        size = stop
     return out
 
 
@@ -41,20 +48,23 @@ class PrefixAffinity:
     """Longest remembered prefix wins, within a load bound; least load otherwise."""
 
     name = "prefix_affinity"
+    uses_prefix = True
 
     def __init__(
         self,
         *,
-        block_size: int = 256,
-        max_blocks: int = 32,
+        first_block: int = 256,
+        max_bytes: int = PREFIX_LIMIT,
         capacity: int = 65536,
         load_factor: float = 1.25,
         slack: int = 2,
     ) -> None:
-        if block_size < 1 or max_blocks < 1 or capacity < 1 or load_factor < 1:
-            raise ValueError("prefix_affinity needs block_size, max_blocks, capacity >= 1, load_factor >= 1")
-        self.block_size = block_size
-        self.max_blocks = max_blocks
+        if first_block < 1 or max_bytes < 1 or capacity < 1 or load_factor < 1:
+            raise ValueError(
+                "prefix_affinity needs first_block, max_bytes, capacity >= 1 and load_factor >= 1"
+            )
+        self.first_block = first_block
+        self.max_bytes = max_bytes
         self.capacity = capacity
         self.load_factor = load_factor
         self.slack = slack
@@ -68,7 +78,7 @@ class PrefixAffinity:
 
     def bound(self, endpoints: Sequence[Endpoint]) -> int:
         """The highest load an endpoint may have and still take an affine request."""
-        total = sum(e.load for e in endpoints)
+        total = sum(e.running + e.waiting + e.inflight for e in endpoints)
         return math.ceil(self.load_factor * (total + 1) / max(1, len(endpoints))) + self.slack
 
     def select(
@@ -78,19 +88,23 @@ class PrefixAffinity:
         eps = [e for e in endpoints if e.key not in exclude] if exclude else endpoints
         if not eps:
             return None
-        hashes = block_hashes(req.prefix, self.block_size, self.max_blocks)
+        hashes = block_hashes(req.prefix, self.first_block, self.max_bytes)
+        lru = self._lru
         chosen: Endpoint | None = None
-        if hashes and self._lru:
-            by_key = {e.key: e for e in eps}
-            limit = self.bound(eps)
-            lru = self._lru
-            for h in reversed(hashes):
-                key = lru.get(h)
+        matched = -1  # index of the longest remembered block that was used
+        if hashes and lru:
+            by_key: dict[str, Endpoint] | None = None
+            limit = 0
+            for i in range(len(hashes) - 1, -1, -1):
+                key = lru.get(hashes[i])
                 if key is None:
                     continue
+                if by_key is None:  # built only when some prefix is remembered
+                    by_key = {e.key: e for e in eps}
+                    limit = self.bound(eps)
                 e = by_key.get(key)
-                if e is not None and e.load < limit:
-                    chosen = e
+                if e is not None and e.running + e.waiting + e.inflight < limit:
+                    chosen, matched = e, i
                     break
         if chosen is None:
             self.misses += 1
@@ -99,12 +113,16 @@ class PrefixAffinity:
                 return None
         else:
             self.hits += 1
-        self._remember(hashes, chosen.key)
+        self._remember(hashes, matched, chosen.key)
         return chosen
 
-    def _remember(self, hashes: list[int], key: str) -> None:
+    def _remember(self, hashes: list[int], matched: int, key: str) -> None:
+        """Map the prompt's blocks to `key`; on a hit, blocks up to `matched` already are."""
         lru = self._lru
-        for h in hashes:
+        if matched >= 0:
+            # The shorter blocks were stored with it; refreshing the longest keeps the match.
+            lru.move_to_end(hashes[matched])
+        for h in hashes[matched + 1 :]:
             lru[h] = key
             lru.move_to_end(h)
         while len(lru) > self.capacity:

@@ -12,6 +12,7 @@ class RoundRobin:
     """Rotate over the candidates; blind to load."""
 
     name = "round_robin"
+    uses_prefix = False
 
     def __init__(self) -> None:
         self._next = 0

@@ -87,15 +87,19 @@ def test_power_of_two_never_picks_the_worse_of_its_pair() -> None:
 
 
 def test_block_hashes_chain_so_a_hash_names_the_whole_prefix() -> None:
-    a = block_hashes(b"A" * 10 + b"B" * 10, 10, 8)
-    b = block_hashes(b"C" * 10 + b"B" * 10, 10, 8)
-    assert len(a) == 2 and a[1] != b[1]
-    assert block_hashes(b"x" * 1000, 10, 8) == block_hashes(b"x" * 80, 10, 8)  # capped at max_blocks
-    assert len(block_hashes(b"xyz", 10, 8)) == 1  # a short prompt still has a block
+    a = block_hashes(b"A" * 10 + b"B" * 10, 10, 100)
+    b = block_hashes(b"C" * 10 + b"B" * 10, 10, 100)
+    assert len(a) == 2 and a[0] != b[0] and a[1] != b[1]
+    # Boundaries double: 10, 20, 40, 80, then the cap at 100.
+    assert [h >> 32 for h in block_hashes(b"x" * 1000, 10, 100)] == [10, 20, 40, 80, 100]
+    assert block_hashes(b"x" * 1000, 10, 100) == block_hashes(b"x" * 100, 10, 100)  # capped
+    assert [h >> 32 for h in block_hashes(b"xyz", 10, 100)] == [3]  # a short prompt still has a block
+    assert block_hashes(b"xyz", 10, 100) != block_hashes(b"xyzw", 10, 100)
+    assert block_hashes(b"", 10, 100) == []
 
 
 def test_prefix_affinity_sticks_to_the_endpoint_holding_the_prefix() -> None:
-    p = PrefixAffinity(block_size=16)
+    p = PrefixAffinity(first_block=16)
     endpoints = eps(0, 0, 0, 0)
     system = b"You are a helpful assistant. " * 4
     first = p.select(endpoints, req(system + b"question one"))
@@ -106,7 +110,7 @@ def test_prefix_affinity_sticks_to_the_endpoint_holding_the_prefix() -> None:
 
 
 def test_prefix_affinity_prefers_the_longest_remembered_prefix() -> None:
-    p = PrefixAffinity(block_size=4)
+    p = PrefixAffinity(first_block=4)
     endpoints = eps(0, 0)
     short = p.select(endpoints, req(b"aaaa"), exclude={"e1"})
     long_ = p.select(endpoints, req(b"aaaabbbbcccc"), exclude={"e0"})
@@ -116,7 +120,7 @@ def test_prefix_affinity_prefers_the_longest_remembered_prefix() -> None:
 
 
 def test_prefix_affinity_load_bound_spills_a_hot_prefix() -> None:
-    p = PrefixAffinity(block_size=8, load_factor=1.25, slack=0)
+    p = PrefixAffinity(first_block=8, load_factor=1.25, slack=0)
     endpoints = eps(0, 0, 0, 0)
     hot = b"the same hot prompt prefix"
     home = p.select(endpoints, req(hot))
@@ -133,7 +137,7 @@ def test_prefix_affinity_load_bound_spills_a_hot_prefix() -> None:
 
 
 def test_prefix_affinity_memory_is_bounded_lru() -> None:
-    p = PrefixAffinity(block_size=4, max_blocks=2, capacity=10)
+    p = PrefixAffinity(first_block=4, max_bytes=8, capacity=10)
     endpoints = eps(0, 0)
     for i in range(100):
         p.select(endpoints, req(f"{i:08d}".encode()))
@@ -149,3 +153,16 @@ def test_prompt_prefix_reads_messages_prompt_or_input() -> None:
     assert prompt_prefix({"input": ["a", "b"]}) == b'["a","b"]'
     assert prompt_prefix({}) == b""
     assert len(prompt_prefix({"prompt": "x" * 100000})) == 8192
+
+
+def test_only_prefix_affinity_needs_the_prefix() -> None:
+    assert {name for name in REGISTRY if make_policy(name).uses_prefix} == {"prefix_affinity"}
+
+
+def test_prefix_affinity_hit_keeps_the_match_fresh_in_the_lru() -> None:
+    p = PrefixAffinity(first_block=4, max_bytes=16, capacity=8)
+    endpoints = eps(0, 0)
+    home = p.select(endpoints, req(b"aaaabbbb"))
+    for i in range(20):
+        p.select(endpoints, req(f"{i:04d}zzzz".encode()))  # churn ...
+        assert p.select(endpoints, req(b"aaaabbbb")) is home  # ... the hot prefix survives it

@@ -354,3 +354,38 @@ def test_unknown_model_names_do_not_grow_the_caches() -> None:
         assert t.candidates(Role.UNION, f"nope-{i}") == []
         assert t.plan(f"nope-{i}").kind == "none"
     assert len(t._cand_cache) == 0 and len(t._plan_cache) == 0
+
+
+def test_heartbeat_before_the_instance_exists_is_used_at_assembly() -> None:
+    t = RoutingTable()
+    evs = instance_events(1, Role.UNION)
+    t.apply(evs[0], 1)  # registered
+    t.apply(heartbeat("n1", (0, 4, 2)), 0)
+    for seq, ev in enumerate(evs[1:], start=2):
+        t.apply(ev, seq)
+    (e,) = t.candidates(Role.UNION, None)
+    assert (e.running, e.waiting) == (4, 2)
+
+
+def test_heartbeat_while_dirty_is_not_lost() -> None:
+    t = table_of(instance_events(1, Role.UNION), instance_events(2, Role.UNION))
+    t.apply(endpoint_status("n2", 0, EndpointStatus.DEAD, 2), 100)  # dirty now
+    t.apply(heartbeat("n1", (0, 9, 0)), 0)
+    (e,) = t.candidates(Role.UNION, None)
+    assert e.running == 9
+
+
+def test_breaker_idle_skips_the_filter() -> None:
+    t = table_of(instance_events(1, Role.UNION), instance_events(2, Role.UNION))
+    calls: list[str] = []
+
+    def is_open(key: str) -> bool:
+        calls.append(key)
+        return key == "n1/0"
+
+    t.is_open = is_open
+    idle = [True]
+    t.breaker_idle = lambda: idle[0]
+    assert len(t.candidates(Role.UNION, None)) == 2 and calls == []
+    idle[0] = False
+    assert keys(t.candidates(Role.UNION, None)) == ["n2/0"] and calls == ["n1/0", "n2/0"]
