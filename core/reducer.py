@@ -8,7 +8,7 @@ replay of any log prefix succeeds.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import replace
+from core.fastreplace import replace
 from typing import Any
 
 import immutables

@@ -7,6 +7,7 @@ import logging
 import os
 import random
 import ssl
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +24,15 @@ DEFAULT_URL = "nats://127.0.0.1:4222"
 # nats-py waits a fixed time between reconnect rounds; the jitter spreads a fleet of agents
 # so they do not all hit a restarted server in the same millisecond.
 RECONNECT_WAIT = 1.0
+
+# The options each client was made with, so a bulk reader can open its own raw connection
+# with the same credentials (streams.rawsub) without the caller passing them again.
+_OPTIONS: weakref.WeakKeyDictionary[Client, NatsOptions] = weakref.WeakKeyDictionary()
+
+
+def options_for(nc: Client) -> NatsOptions | None:
+    """The options `connect` used for this client, or None for a client made elsewhere."""
+    return _OPTIONS.get(nc)
 
 
 @dataclass
@@ -152,6 +162,7 @@ async def connect(
     # From now on the connection is a service's lifeline: reconnect forever.
     nc.options["max_reconnect_attempts"] = -1
     nc.options["reconnect_time_wait"] = wait
+    _OPTIONS[nc] = opts
     return nc
 
 

@@ -1,14 +1,17 @@
 """An ephemeral push consumer read in order, with the traps of issue 2 handled.
 
 - Gaps are checked by *consumer* sequence (stream sequences have holes where messages were
-  deleted); a gap, a missed idle heartbeat or a deleted consumer recreates the consumer
-  from the last stream sequence seen, so the reader never skips and never repeats.
+  deleted); a gap, missed idle heartbeats or a deleted consumer recreate the consumer from
+  the last stream sequence handed out, so the reader never skips and never repeats.
 - Flow-control requests are answered when the reader reaches them in order, or delivery
   stalls; a stalled heartbeat's `Nats-Consumer-Stalled` subject is answered too.
-- The subscription's pending limits are lifted: flow control bounds the backlog instead,
-  and nats-py's default limit drops messages on a big replay.
+- Nothing drops messages on a big replay: flow control bounds the backlog, not nats-py's
+  default subscription limit.
 
-Messages come out as `Delivery` tuples; decoding is the caller's business.
+Delivery goes through `streams.rawsub` (a receive-only protocol connection, several times
+cheaper per message than nats-py's subscription machinery) when it can, else through a
+nats-py subscription with its pending limits lifted. Messages come out in batches of
+`Delivery` tuples; decoding is the caller's business.
 """
 
 from __future__ import annotations
@@ -26,36 +29,29 @@ from nats.aio.subscription import Subscription
 from nats.errors import ConnectionClosedError, NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 
+from streams.connection import options_for
 from streams.errors import StreamsError
+from streams.rawsub import Frame, RawSubscriber, RawUnsupported
 
 log = logging.getLogger(__name__)
 
 API_TIMEOUT = 5.0
-_WAKE: Any = object()  # put into the queue by close() to wake a waiting next()
+STREAM_NOT_FOUND = 10059
 
 
 class Delivery(NamedTuple):
-    """One stream message as delivered: its sequences, time, subject and raw body."""
+    """One stream message as delivered: its sequence, time, subject and raw body."""
 
     seq: int
-    pending: int  # matching messages still in the stream after this one, at delivery time
+    pending: int  # matching messages left in the stream after this one, at delivery time
     ts_ns: int  # stream timestamp, nanoseconds since the epoch
     subject: str
     data: bytes
-    headers: dict[str, str] | None
+    motor_type: str | None  # the Motor-Type header, a hint for the decoder
 
 
-class ConsumerGone(StreamsError):
-    """The stream the consumer reads does not exist."""
-
-
-def _ack_fields(reply: str) -> tuple[int, int, int, int]:
-    """(stream seq, consumer seq, timestamp ns, pending) from a `$JS.ACK...` reply subject."""
-    tokens = reply.split(".")
-    # v1: $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>
-    # v2: $JS.ACK.<domain>.<account>.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>[.<token>]
-    off = 0 if len(tokens) == 9 else 2
-    return int(tokens[5 + off]), int(tokens[6 + off]), int(tokens[7 + off]), int(tokens[8 + off])
+class StreamMissing(StreamsError):
+    """The stream to read does not exist."""
 
 
 async def js_api(nc: Client, subject: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -69,10 +65,136 @@ async def js_api(nc: Client, subject: str, body: dict[str, Any] | None = None) -
     resp: dict[str, Any] = orjson.loads(msg.data)
     err = resp.get("error")
     if err:
-        if err.get("err_code") == 10059:  # stream not found
-            raise ConsumerGone(err.get("description", "stream not found"))
+        if err.get("err_code") == STREAM_NOT_FOUND:
+            raise StreamMissing(f"stream {subject.rsplit('.', 1)[-1]} not found (run ensure_streams)")
         raise StreamsError(f"{subject}: {err.get('description', err)}")
     return resp
+
+
+def parse_status(hdr: bytes) -> tuple[str, dict[str, str]]:
+    """Status code and headers of a status frame (`NATS/1.0 100 Idle Heartbeat\\r\\n...`)."""
+    lines = hdr.decode(errors="replace").split("\r\n")
+    head = lines[0].split(" ", 2)
+    code = head[1] if len(head) > 1 else ""
+    headers: dict[str, str] = {"Description": head[2] if len(head) > 2 else ""}
+    for line in lines[1:]:
+        key, sep, value = line.partition(":")
+        if sep:
+            headers[key.strip()] = value.strip()
+    return code, headers
+
+
+def _motor_type(hdr: bytes) -> str | None:
+    i = hdr.find(b"Motor-Type:")
+    if i < 0:
+        return None
+    j = hdr.find(b"\r\n", i)
+    return hdr[i + 11 : j].strip().decode()
+
+
+# --------------------------------------------------------------------------- sinks
+
+
+class _PySink:
+    """Delivery through a nats-py subscription (the fallback)."""
+
+    def __init__(self, nc: Client) -> None:
+        self.nc = nc
+        self.inbox = nc.new_inbox()
+        self._sub: Subscription | None = None
+        self._closed = False
+
+    async def open(self) -> None:
+        # 0 lifts both limits: flow control bounds the backlog instead.
+        self._sub = await self.nc.subscribe(self.inbox, pending_msgs_limit=0, pending_bytes_limit=0)
+
+    async def batch(self, timeout: float) -> list[Frame] | None:  # noqa: ASYNC109
+        sub = self._sub
+        if sub is None or self._closed:
+            return []
+        queue: asyncio.Queue[Msg | None] = sub._pending_queue  # type: ignore[assignment]
+        if queue.empty():
+            try:
+                first = await asyncio.wait_for(queue.get(), timeout)
+            except TimeoutError:
+                return None
+            msgs = [first]
+        else:
+            msgs = []
+        while not queue.empty():
+            msgs.append(queue.get_nowait())
+        return [_frame(m) for m in msgs if m is not None]
+
+    async def publish_empty(self, subject: bytes) -> None:
+        await self.nc.publish(subject.decode(), b"")
+
+    def wake(self) -> None:
+        if self._sub is not None:
+            self._sub._pending_queue.put_nowait(None)  # type: ignore[arg-type]
+
+    async def close(self) -> None:
+        self._closed = True
+        self.wake()
+        if self._sub is not None:
+            with contextlib.suppress(Exception):
+                await self._sub.unsubscribe()
+
+
+def _frame(m: Msg) -> Frame:
+    hdr = m.headers
+    if not hdr:
+        raw = b""
+    elif "Status" in hdr:
+        rest = "".join(f"{k}: {v}\r\n" for k, v in hdr.items() if k not in ("Status", "Description"))
+        raw = f"NATS/1.0 {hdr['Status']} {hdr.get('Description', '')}\r\n{rest}\r\n".encode()
+    else:
+        raw = ("NATS/1.0\r\n" + "".join(f"{k}: {v}\r\n" for k, v in hdr.items()) + "\r\n").encode()
+    return (m.subject.encode(), (m.reply or "").encode(), raw, m.data)
+
+
+class _RawSink:
+    """Delivery through a dedicated receive-only connection (the fast path)."""
+
+    def __init__(self, nc: Client, raw: RawSubscriber) -> None:
+        self.inbox = nc.new_inbox()
+        self.raw = raw
+
+    async def open(self) -> None:
+        await self.raw.open(self.inbox)
+
+    async def batch(self, timeout: float) -> list[Frame] | None:  # noqa: ASYNC109
+        return await self.raw.batch(timeout)
+
+    async def publish_empty(self, subject: bytes) -> None:
+        self.raw.publish_empty(subject)
+
+    def wake(self) -> None:
+        self.raw.wake()
+
+    async def close(self) -> None:
+        await self.raw.close()
+
+
+def _raw_subscriber(nc: Client) -> RawSubscriber:
+    url = nc.connected_url
+    if url is None:
+        raise RawUnsupported("client is not connected")
+    opts = options_for(nc)
+    if opts is not None and opts.creds_file:
+        raise RawUnsupported("creds-file auth")
+    user = opts.user if opts else nc.options.get("user")
+    password = opts.password if opts else nc.options.get("password")
+    token = opts.token if opts else nc.options.get("token")
+    tls = opts.tls_context() if opts else nc.options.get("tls")
+    if opts is None and getattr(nc, "_user_credentials", None) is not None:
+        raise RawUnsupported("creds-file auth")
+    if callable(user) or callable(password) or callable(token):
+        raise RawUnsupported("callback credentials")
+    name = f"{nc.options.get('name') or 'motor'}-reader"
+    return RawSubscriber(url.geturl(), name=name, user=user, password=password, token=token, tls=tls)
+
+
+# --------------------------------------------------------------------------- consumer
 
 
 class PushConsumer:
@@ -87,6 +209,7 @@ class PushConsumer:
         start_time: float | None = None,
         filter_subject: str | None = None,
         idle_heartbeat: float = 2.0,
+        raw: bool | None = None,
     ) -> None:
         self.nc = nc
         self.stream = stream
@@ -94,11 +217,13 @@ class PushConsumer:
         self.start_time = start_time
         self.filter_subject = filter_subject
         self.idle_heartbeat = idle_heartbeat
+        self.raw = raw  # None: raw when possible; False: always nats-py
         self.last_seq = 0  # stream sequence of the last message handed out
         self.resets = 0
-        self._cseq = 0  # consumer sequence of the last message handed out
+        self.transport = ""  # "raw" | "nats-py", for logs and tests
+        self._cseq = 0
         self._name: str | None = None
-        self._sub: Subscription | None = None
+        self._sink: _RawSink | _PySink | None = None
         self._closed = False
 
     def _config(self, inbox: str) -> dict[str, Any]:
@@ -128,15 +253,30 @@ class PushConsumer:
             cfg["deliver_policy"] = "all"
         return cfg
 
+    async def _open_sink(self) -> _RawSink | _PySink:
+        if self.raw is not False:
+            try:
+                sink: _RawSink | _PySink = _RawSink(self.nc, _raw_subscriber(self.nc))
+                await sink.open()
+                self.transport = "raw"
+                return sink
+            except (RawUnsupported, StreamsError, OSError, TimeoutError) as exc:
+                if self.raw:
+                    raise
+                log.info("raw reader unavailable (%s); using nats-py", exc)
+        sink = _PySink(self.nc)
+        await sink.open()
+        self.transport = "nats-py"
+        return sink
+
     async def start(self) -> int:
         """Create the consumer; return how many matching messages it has pending."""
-        inbox = self.nc.new_inbox()
         # Subscribe before the consumer exists, so its first message has somewhere to go.
-        self._sub = await self.nc.subscribe(inbox, pending_msgs_limit=0, pending_bytes_limit=0)
+        sink = self._sink = await self._open_sink()
         resp = await js_api(
             self.nc,
             f"$JS.API.CONSUMER.CREATE.{self.stream}",
-            {"stream_name": self.stream, "config": self._config(inbox)},
+            {"stream_name": self.stream, "config": self._config(sink.inbox)},
         )
         self._name = resp["name"]
         self._cseq = 0
@@ -151,9 +291,9 @@ class PushConsumer:
             try:
                 await self.start()
                 return
-            except ConsumerGone:
+            except StreamMissing:
                 raise
-            except (StreamsError, ConnectionClosedError, OSError) as exc:
+            except (StreamsError, ConnectionClosedError, OSError, TimeoutError) as exc:
                 log.warning(
                     "consumer on %s: cannot recreate (%s); retrying in %.1fs", self.stream, exc, delay
                 )
@@ -162,70 +302,97 @@ class PushConsumer:
                 delay = min(delay * 2, 5.0)
 
     async def _drop(self) -> None:
-        sub, self._sub = self._sub, None
+        sink, self._sink = self._sink, None
         name, self._name = self._name, None
-        if sub is not None:
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
+        if sink is not None:
+            await sink.close()
         if name is not None and not self.nc.is_closed:
             with contextlib.suppress(Exception):
                 await js_api(self.nc, f"$JS.API.CONSUMER.DELETE.{self.stream}.{name}")
 
     async def close(self) -> None:
-        """Delete the consumer and stop the subscription; a waiting `next()` returns None."""
+        """Delete the consumer and stop delivery; a waiting `next_batch()` returns []."""
         self._closed = True
-        if self._sub is not None:
-            self._sub._pending_queue.put_nowait(_WAKE)
+        if self._sink is not None:
+            self._sink.wake()
         await self._drop()
 
-    async def next(self) -> Delivery | None:
-        """The next message in stream order, or None once closed."""
+    async def next_batch(self) -> list[Delivery]:
+        """The next messages in stream order (at least one), or [] once closed."""
         while not self._closed:
-            sub = self._sub
-            if sub is None:
+            sink = self._sink
+            if sink is None:
                 await self._reset("no consumer")
                 continue
-            queue: asyncio.Queue[Msg] = sub._pending_queue
             try:
-                msg = queue.get_nowait()
-            except asyncio.QueueEmpty:
-                try:
-                    msg = await asyncio.wait_for(queue.get(), 3 * self.idle_heartbeat)
-                except TimeoutError:
-                    if self._closed:
-                        return None
-                    await self._reset("no heartbeat")
-                    continue
-            if self._sub is not sub or msg is _WAKE:
-                continue  # stale message of a consumer we replaced while waiting
-            reply = msg.reply
-            hdr = msg.headers
-            if hdr is not None and "Status" in hdr:
-                await self._control(msg, hdr)
+                frames = await sink.batch(3 * self.idle_heartbeat)
+            except StreamsError as exc:
+                await self._reset(str(exc))
+                continue
+            if self._sink is not sink or self._closed:
+                continue  # replaced or closed while waiting
+            if frames is None:
+                await self._reset("no heartbeat")
+                continue
+            out = await self._handle(sink, frames)
+            if out:
+                return out
+        return []
+
+    async def _handle(self, sink: _RawSink | _PySink, frames: list[Frame]) -> list[Delivery]:
+        out: list[Delivery] = []
+        cseq = self._cseq
+        for subject, reply, hdr, data in frames:
+            if hdr[:9] == b"NATS/1.0 ":  # a status frame: heartbeat, flow control, 409 ...
+                if await self._control(sink, reply, hdr, cseq):
+                    break  # consumer replaced; the rest of this batch belongs to the old one
                 continue
             if not reply:
                 continue
-            seq, cseq, ts_ns, pending = _ack_fields(reply)
-            if cseq != self._cseq + 1:
-                await self._reset(f"gap: consumer seq {cseq} after {self._cseq}")
-                continue
-            self._cseq = cseq
+            tokens = reply.split(b".")
+            # v1: $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>
+            # v2: $JS.ACK.<domain>.<account>.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>[.<tok>]
+            off = 0 if len(tokens) == 9 else 2
+            c = int(tokens[6 + off])
+            if c != cseq + 1:
+                self._cseq = cseq
+                await self._reset(f"gap: consumer seq {c} after {cseq}")
+                break
+            cseq = c
+            seq = int(tokens[5 + off])
             self.last_seq = seq
-            return Delivery(seq, pending, ts_ns, msg.subject, msg.data, hdr)
-        return None
+            out.append(
+                Delivery(
+                    seq,
+                    int(tokens[8 + off]),
+                    int(tokens[7 + off]),
+                    subject.decode(),
+                    data,
+                    _motor_type(hdr) if hdr else None,
+                )
+            )
+        else:
+            self._cseq = cseq
+        return out
 
-    async def _control(self, msg: Msg, hdr: dict[str, str]) -> None:
-        status = hdr.get("Status")
-        if status == "100":
-            if msg.reply:  # flow control request: everything before it has been handed out
-                await self.nc.publish(msg.reply, b"")
-                return
-            stalled = hdr.get("Nats-Consumer-Stalled")
+    async def _control(self, sink: _RawSink | _PySink, reply: bytes, hdr: bytes, cseq: int) -> bool:
+        """Handle a status frame; True if the consumer was replaced."""
+        code, headers = parse_status(hdr)
+        if code == "100":
+            if reply:  # flow control request: everything before it has been handed out
+                await sink.publish_empty(reply)
+                return False
+            stalled = headers.get("Nats-Consumer-Stalled")
             if stalled:
-                await self.nc.publish(stalled, b"")
-            last = hdr.get("Nats-Last-Consumer")
-            if last is not None and int(last) > self._cseq:
-                await self._reset(f"heartbeat says consumer seq {last}, we have {self._cseq}")
-            return
-        if status == "409" or status == "404":
-            await self._reset(f"status {status} {hdr.get('Description', '')}".strip())
+                await sink.publish_empty(stalled.encode())
+            last = headers.get("Nats-Last-Consumer")
+            if last is not None and int(last) > cseq:
+                self._cseq = cseq
+                await self._reset(f"heartbeat says consumer seq {last}, we have {cseq}")
+                return True
+            return False
+        if code in ("409", "404"):
+            self._cseq = cseq
+            await self._reset(f"status {code} {headers.get('Description', '')}".strip())
+            return True
+        return False

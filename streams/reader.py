@@ -34,7 +34,8 @@ class Record:
     event: AnyEvent
 
 
-def _reason(exc: DecodeError) -> str:
+def reason_for(exc: DecodeError) -> str:
+    """A short name for why an event was skipped (unknown_type, newer_schema, undecodable)."""
     if isinstance(exc, UnknownEventType):
         return "unknown_type"
     if isinstance(exc, NewerSchema):
@@ -51,7 +52,7 @@ class _Skips:
         self.by_reason: collections.Counter[str] = collections.Counter()
 
     def note(self, d: Delivery, exc: DecodeError) -> None:
-        reason = _reason(exc)
+        reason = reason_for(exc)
         self.total += 1
         self.by_reason[reason] += 1
         if self.by_reason[reason] == 1:
@@ -64,6 +65,40 @@ async def stream_last_seq(nc: Client, stream: str = MOTOR_STREAM) -> int:
     return int(info["state"]["last_seq"])
 
 
+async def read_batches(
+    nc: Client,
+    stream: str = MOTOR_STREAM,
+    *,
+    start_seq: int | None = None,
+    start_time: float | None = None,
+    until_seq: int | None = None,
+    until_time: float | None = None,
+    filter_subject: str | None = None,
+) -> AsyncIterator[list[Delivery]]:
+    """Raw messages of a range in batches (not decoded); ends at what existed when called."""
+    last = await stream_last_seq(nc, stream)
+    end = last if until_seq is None else min(until_seq, last)
+    if end == 0 or (start_seq is not None and start_seq > end):
+        return
+    until_ns = int(until_time * 1e9) if until_time is not None else None
+    pc = PushConsumer(nc, stream, start_seq=start_seq, start_time=start_time, filter_subject=filter_subject)
+    try:
+        if await pc.start() == 0:
+            return
+        while batch := await pc.next_batch():
+            for i, d in enumerate(batch):
+                if d.seq > end or (until_ns is not None and d.ts_ns > until_ns):
+                    if i:
+                        yield batch[:i]
+                    return
+                if d.seq == end or d.pending == 0:
+                    yield batch[: i + 1]
+                    return
+            yield batch
+    finally:
+        await pc.close()
+
+
 async def read_deliveries(
     nc: Client,
     stream: str = MOTOR_STREAM,
@@ -74,24 +109,18 @@ async def read_deliveries(
     until_time: float | None = None,
     filter_subject: str | None = None,
 ) -> AsyncIterator[Delivery]:
-    """Raw messages of a range (not decoded); ends at what existed when called."""
-    last = await stream_last_seq(nc, stream)
-    end = last if until_seq is None else min(until_seq, last)
-    if end == 0 or (start_seq is not None and start_seq > end):
-        return
-    until_ns = int(until_time * 1e9) if until_time is not None else None
-    pc = PushConsumer(nc, stream, start_seq=start_seq, start_time=start_time, filter_subject=filter_subject)
-    try:
-        if await pc.start() == 0:
-            return
-        while (d := await pc.next()) is not None:
-            if d.seq > end or (until_ns is not None and d.ts_ns > until_ns):
-                return
+    """Raw messages of a range, one by one (not decoded); ends at what existed when called."""
+    async for batch in read_batches(
+        nc,
+        stream,
+        start_seq=start_seq,
+        start_time=start_time,
+        until_seq=until_seq,
+        until_time=until_time,
+        filter_subject=filter_subject,
+    ):
+        for d in batch:
             yield d
-            if d.seq == end or d.pending == 0:
-                return
-    finally:
-        await pc.close()
 
 
 async def read_range(
@@ -138,10 +167,11 @@ class Follower:
         *,
         start_seq: int | None = None,
         filter_subject: str | None = None,
+        raw: bool | None = None,
     ) -> None:
         self.stream = stream
         self.caught_up = asyncio.Event()
-        self._consumer = PushConsumer(nc, stream, start_seq=start_seq, filter_subject=filter_subject)
+        self._consumer = PushConsumer(nc, stream, start_seq=start_seq, filter_subject=filter_subject, raw=raw)
         self._skips = _Skips(stream)
         self._started = False
 
@@ -173,17 +203,19 @@ class Follower:
         await self.start()
         consumer = self._consumer
         caught_up = self.caught_up
-        while (d := await consumer.next()) is not None:
-            try:
-                ev = decode(d.data)
-            except DecodeError as exc:
-                self._skips.note(d, exc)
-            else:
-                yield Record(self.stream, d.seq, d.subject, ev)
-            # Set only once the caller has taken the record: "caught up" then means its
-            # fold already holds everything that was in the stream.
-            if d.pending == 0 and not caught_up.is_set():
-                caught_up.set()
+        stream = self.stream
+        while batch := await consumer.next_batch():
+            for d in batch:
+                try:
+                    ev = decode(d.data)
+                except DecodeError as exc:
+                    self._skips.note(d, exc)
+                else:
+                    yield Record(stream, d.seq, d.subject, ev)
+                # Set only once the caller has taken the record: "caught up" then means its
+                # fold already holds everything that was in the stream.
+                if d.pending == 0 and not caught_up.is_set():
+                    caught_up.set()
 
     async def close(self) -> None:
         """Stop following and delete the consumer."""
