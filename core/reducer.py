@@ -8,7 +8,6 @@ replay of any log prefix succeeds.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from core.fastreplace import replace
 from typing import Any
 
 import immutables
@@ -35,6 +34,7 @@ from core.events import (
     StartCommand,
     StopCommand,
 )
+from core.fastreplace import replace
 from core.state import (
     AlarmRecord,
     ClusterState,
