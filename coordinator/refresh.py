@@ -6,8 +6,10 @@ accepted: `set` (default) replaces every external instance, `add` adds or update
 removes the `ids` (its `instances` may be empty).
 
 Beyond the seed, an instance may say how to reach it for P/D: `engine_type` (vllm, sglang,
-builtin), `capabilities` (e.g. ["handoff"]) and `bootstrap_port` (SGLang). Ports are strings
-in the seed; integers are accepted too and stored as strings.
+builtin), `capabilities` (e.g. ["handoff"]), `bootstrap_port` (SGLang) and Motor's
+`endpoints` list (one routable endpoint each: `{id, ip?, business_port, mgmt_port?,
+bootstrap_port?}`). Ports are strings in the seed; integers are accepted too and stored as
+strings.
 """
 
 from __future__ import annotations
@@ -144,6 +146,32 @@ def _extensions(inst: dict[str, Any], f: str, out: dict[str, Any]) -> None:
     bootstrap = inst.get("bootstrap_port")
     if bootstrap is not None:
         out["bootstrap_port"] = _uint(bootstrap, f"{f}.bootstrap_port", 1, 65535)
+    if inst.get("endpoints") is not None:
+        out["endpoints"] = _endpoints(inst["endpoints"], f"{f}.endpoints")
+
+
+def _endpoints(value: Any, f: str) -> list[dict[str, Any]]:
+    """Motor's per-endpoint form: `{id, ip?, business_port, mgmt_port?, bootstrap_port?}`."""
+    if not isinstance(value, list):
+        raise RefreshError(f, f"must be a list of endpoints, got {_kind(value)}")
+    out: list[dict[str, Any]] = []
+    seen: set[int] = set()
+    for k, raw in enumerate(value):
+        ef = f"{f}[{k}]"
+        e = _object(raw, ef)
+        ep: dict[str, Any] = {"id": _uint(e.get("id"), f"{ef}.id")}
+        if ep["id"] in seen:
+            raise RefreshError(f"{ef}.id", f"duplicate endpoint id {ep['id']}")
+        seen.add(ep["id"])
+        if e.get("ip") is not None:
+            ep["ip"] = _string(e["ip"], f"{ef}.ip")
+        ep["business_port"] = _port(e.get("business_port"), f"{ef}.business_port")
+        if e.get("mgmt_port") is not None:
+            ep["mgmt_port"] = _port(e["mgmt_port"], f"{ef}.mgmt_port")
+        if e.get("bootstrap_port") is not None:
+            ep["bootstrap_port"] = _uint(e["bootstrap_port"], f"{ef}.bootstrap_port", 1, 65535)
+        out.append(ep)
+    return out
 
 
 def validate_instance(inst: Any, f: str) -> dict[str, Any]:

@@ -17,8 +17,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
+from coordinator.endpoint import Endpoint, Plan
+from coordinator.external import external_endpoints
 from core.events import (
     AnyEvent,
     EndpointLoad,
@@ -31,22 +33,13 @@ from core.events import (
 from core.reducer import apply as reduce_apply
 from core.state import ClusterState
 
+__all__ = ["Endpoint", "Plan", "RoutingTable"]
+
 log = logging.getLogger(__name__)
 
 # Instance states whose READY endpoints take traffic. DEGRADED means "serving, part of it
 # unhealthy": its READY endpoints still serve; the unhealthy ones are not READY.
 ROUTABLE_STATES = frozenset({InstanceState.ACTIVE, InstanceState.DEGRADED})
-
-# Seed 001's role codes (static_info.role) and labels (static_info.label).
-ROLE_CODES = {80: Role.PREFILL, 68: Role.DECODE, 85: Role.UNION}
-LABEL_CODES = {2: Role.PREFILL, 3: Role.DECODE}
-
-# What an externally registered engine speaks for P/D when the refresh body does not say.
-DEFAULT_CAPABILITIES: dict[str, tuple[str, ...]] = {
-    "vllm": ("handoff",),
-    "sglang": ("bootstrap",),
-    "builtin": ("handoff", "bootstrap"),
-}
 
 # Preferred P/D protocol per engine type when a pair shares several.
 _CAPABILITY_PREFERENCE: dict[str, tuple[str, ...]] = {
@@ -54,68 +47,6 @@ _CAPABILITY_PREFERENCE: dict[str, tuple[str, ...]] = {
     "sglang": ("bootstrap",),
     "builtin": ("handoff", "bootstrap"),
 }
-
-
-@dataclass(slots=True, eq=False)
-class Endpoint:
-    """One routable engine HTTP endpoint and its load."""
-
-    key: str  # stable: "<node_id>/<endpoint_id>" or "ext/<id>"
-    instance_id: int
-    role: Role
-    engine_type: str
-    model: str
-    host: str
-    port: int
-    bootstrap_port: int | None
-    capabilities: frozenset[str]
-    group: int | None  # P/D group for precision isolation (the d instance id)
-    running: int = 0
-    waiting: int = 0
-    avail_slots: int = 0
-    avail_blocks: int = 0
-    inflight: int = 0  # this coordinator's in-flight requests (the proxy increments/decrements)
-
-    @property
-    def load(self) -> int:
-        """Queue depth used by the load-aware policies."""
-        return self.running + self.waiting + self.inflight
-
-    @property
-    def base_url(self) -> str:
-        """`http://host:port` of the engine's business port."""
-        return f"http://{self.host}:{self.port}"
-
-    def as_dict(self) -> dict[str, Any]:
-        """JSON view for `GET /v1/instances`."""
-        return {
-            "key": self.key,
-            "instance_id": self.instance_id,
-            "role": self.role.value,
-            "engine_type": self.engine_type,
-            "model": self.model,
-            "host": self.host,
-            "port": self.port,
-            "bootstrap_port": self.bootstrap_port,
-            "capabilities": sorted(self.capabilities),
-            "group": self.group,
-            "running": self.running,
-            "waiting": self.waiting,
-            "avail_slots": self.avail_slots,
-            "avail_blocks": self.avail_blocks,
-            "inflight": self.inflight,
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class Plan:
-    """Motor's router choice for one model: P/D two hops, a single hop, or none (503)."""
-
-    kind: Literal["pd", "single", "none"]
-    role: Role | None = None  # single: union or prefill
-    capability: str | None = None  # pd: the shared P/D protocol (handoff | bootstrap | ...)
-    engine_type: str | None = None  # pd: both sides speak this engine's protocol
-    reason: str = ""  # none: why nothing can serve
 
 
 @dataclass(slots=True)
@@ -403,46 +334,16 @@ class RoutingTable:
                     out[key] = _Derived(ep, not why, why)
         for ext_id, raw in s.external.items():
             try:
-                ep = external_endpoint(ext_id, raw)
-            except (TypeError, ValueError, AttributeError) as exc:
+                eps = external_endpoints(ext_id, raw)
+            except (TypeError, ValueError, AttributeError, KeyError) as exc:
                 # Validated on the way in, but the log may hold entries written by other
                 # tools: one bad entry must not take routing down with it.
                 log.warning("external instance %s in the log is unusable: %s", ext_id, exc)
                 continue
             why = f"precision alarm on instance {ext_id}" if ext_id in alarmed else ""
-            out[ep.key] = _Derived(ep, not why, why)
+            for ep in eps:
+                out[ep.key] = _Derived(ep, not why, why)
         return out
-
-
-def external_endpoint(ext_id: int, raw: dict[str, Any]) -> Endpoint:
-    """The endpoint of one instance registered through `POST /v1/instances/refresh` (seed 001)."""
-    static = raw.get("static_info") or {}
-    dynamic = raw.get("dynamic_info") or {}
-    role = ROLE_CODES.get(int(static.get("role", 85)), Role.UNION)
-    engine_type = str(raw.get("engine_type") or "vllm")
-    caps = raw.get("capabilities")
-    capabilities = (
-        frozenset(caps) if caps is not None else frozenset(DEFAULT_CAPABILITIES.get(engine_type, ()))
-    )
-    total_slots = int(static.get("total_slots_num", 0))
-    avail_slots = int(dynamic.get("avail_slots_num", total_slots))
-    bootstrap = raw.get("bootstrap_port")
-    group = static.get("group_id")
-    return Endpoint(
-        key=f"ext/{ext_id}",
-        instance_id=ext_id,
-        role=role,
-        engine_type=engine_type,
-        model=str(raw.get("model_name", "")),
-        host=str(raw.get("ip", "")),
-        port=int(raw.get("port", 0)),
-        bootstrap_port=int(bootstrap) if bootstrap is not None else None,
-        capabilities=capabilities,
-        group=int(group) if group is not None else None,
-        running=max(0, total_slots - avail_slots),
-        avail_slots=avail_slots,
-        avail_blocks=int(dynamic.get("avail_block_num", 0)),
-    )
 
 
 def _copy_attrs(dst: Endpoint, src: Endpoint) -> None:

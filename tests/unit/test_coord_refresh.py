@@ -139,6 +139,25 @@ CASES: list[tuple[str, Any, str]] = [
     ("instances[0].engine_type", "trt", "instances[0].engine_type"),
     ("instances[0].capabilities", "handoff", "instances[0].capabilities"),
     ("instances[0].bootstrap_port", 0, "instances[0].bootstrap_port"),
+    ("instances[0].endpoints", {"id": 0}, "instances[0].endpoints"),
+    ("instances[0].endpoints", [{"id": 0}], "instances[0].endpoints[0].business_port"),
+    ("instances[0].endpoints", [{"business_port": "8080"}], "instances[0].endpoints[0].id"),
+    (
+        "instances[0].endpoints",
+        [{"id": 0, "business_port": "8080"}, {"id": 0, "business_port": "8081"}],
+        "instances[0].endpoints[1].id",
+    ),
+    ("instances[0].endpoints", [{"id": 0, "business_port": "80"}], "instances[0].endpoints[0].business_port"),
+    (
+        "instances[0].endpoints",
+        [{"id": 0, "business_port": "8080", "mgmt_port": "x"}],
+        "instances[0].endpoints[0].mgmt_port",
+    ),
+    (
+        "instances[0].endpoints",
+        [{"id": 0, "business_port": "8080", "bootstrap_port": 70000}],
+        "instances[0].endpoints[0].bootstrap_port",
+    ),
 ]
 
 
@@ -166,6 +185,18 @@ def test_limits_are_inclusive() -> None:
     body = with_("instances[0].dynamic_info.avail_slots_num", 0, body)
     body = with_("instances[1].dynamic_info.avail_block_num", 1024, body)
     validate_refresh(body)
+
+
+def test_motor_endpoint_lists() -> None:
+    eps = [
+        {"id": 0, "ip": "10.0.0.2", "business_port": "8080", "mgmt_port": "8081", "bootstrap_port": 21000},
+        {"id": 1, "business_port": 8082},
+    ]
+    inst = validate_refresh(with_("instances[0].endpoints", eps)).instances[0]
+    assert inst["endpoints"] == [
+        {"id": 0, "ip": "10.0.0.2", "business_port": "8080", "mgmt_port": "8081", "bootstrap_port": 21000},
+        {"id": 1, "business_port": "8082"},
+    ]
 
 
 def test_prefill_needs_no_peers_and_union_may_carry_them() -> None:

@@ -389,3 +389,15 @@ def test_breaker_idle_skips_the_filter() -> None:
     assert len(t.candidates(Role.UNION, None)) == 2 and calls == []
     idle[0] = False
     assert keys(t.candidates(Role.UNION, None)) == ["n2/0"] and calls == ["n1/0", "n2/0"]
+
+
+def test_external_endpoint_lists_route_each_endpoint() -> None:
+    inst = seed_instance(5, 80, 2, engine_type="sglang", capabilities=["bootstrap"], bootstrap_port=21000)
+    inst["endpoints"] = [
+        {"id": 0, "ip": "10.0.0.2", "business_port": "8080", "bootstrap_port": 21001},
+        {"id": 1, "business_port": "8082"},
+    ]
+    t = table_of([refreshed([inst])])
+    a, b = t.candidates(Role.PREFILL, None)
+    assert (a.key, a.host, a.port, a.bootstrap_port) == ("ext/5/0", "10.0.0.2", 8080, 21001)
+    assert (b.key, b.host, b.port, b.bootstrap_port) == ("ext/5/1", "127.0.0.1", 8082, 21000)
