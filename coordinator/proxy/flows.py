@@ -406,6 +406,7 @@ class Flows:
         call.conn.send(call.req, status, body, extra=[(b"x-request-id", call.root_b)])
 
     def _retried(self, r: Retry) -> None:
+        log.info("retrying elsewhere: %s", r.reason)
         if self.metrics is not None:
             self.metrics.retries.labels(reason="timeout" if r.status == 504 else "upstream").inc()
 
