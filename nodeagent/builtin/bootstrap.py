@@ -92,6 +92,10 @@ class RoomRegistry:
         # Keep the tombstone a while so a late partner learns the room is gone.
         self._reap_later(room_id, room, self._engine.settings.kv_ttl_s)
 
+    def bind(self, job: Job, room_id: int) -> None:
+        """Close the room if this prefill request is aborted."""
+        job.on_abort.append(lambda: self.abort(room_id, f"prefill request {job.g.rid} aborted"))
+
     async def serve(self, job: Job, room_id: int) -> None:
         """Prefill side: fill the room, then hold the KV until the decode claims it."""
         room = self._room(room_id)
@@ -100,7 +104,6 @@ class RoomRegistry:
             return
         room.digest, room.prompt_len = job.digest, job.prompt_len
         _wake(room.filled)
-        job.on_abort.append(lambda: self.abort(room_id, f"prefill request {job.g.rid} aborted"))
         loop = asyncio.get_running_loop()
         waiter = room.prefill_waiter = loop.create_future()
         timer = loop.call_later(self._engine.settings.kv_ttl_s, _wake, waiter)
@@ -151,13 +154,25 @@ class RoomRegistry:
         self._reap_later(room_id, room, 1.0)
         return 200, {"prompt_tokens": room.prompt_len}
 
+    def states(self) -> dict[str, str]:
+        """Every known room and its state (for operators and tests)."""
+        out = {}
+        for room_id, room in self._rooms.items():
+            if room.aborted:
+                out[str(room_id)] = "aborted"
+            elif room.taken:
+                out[str(room_id)] = "taken"
+            else:
+                out[str(room_id)] = "filled" if room.filled.done() else "waiting"
+        return out
+
     def routes(self) -> Router:
         """The bootstrap server: claim, abort, and a health probe."""
         router = Router()
         router.add("POST", CLAIM_PATH, self._claim_handler)
         router.add("POST", ABORT_PATH, self._abort_handler)
         router.add("GET", "/health", lambda req: Response(200))
-        router.add("GET", "/bootstrap/rooms", lambda req: json_response({"rooms": len(self._rooms)}))
+        router.add("GET", "/bootstrap/rooms", lambda req: json_response(self.states()))
         return router
 
     async def _claim_handler(self, req: Request) -> Response:

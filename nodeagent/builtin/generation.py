@@ -108,10 +108,14 @@ class Generator:
     async def _answer_later(self, job: Job) -> Response:
         engine = self.engine
         engine.register(job)
+        g = job.g
+        role = engine.settings.role
+        room = g.bootstrap.room if g.bootstrap is not None and role == "prefill" else None
+        if room is not None:
+            # Whatever ends this prefill early also closes its room, so the decode is released.
+            self.rooms.bind(job, room)
         handed_over = False
         try:
-            g = job.g
-            role = engine.settings.role
             if wants_remote_prefill(job):
                 await self.handoff_client.fetch(job)
             if g.bootstrap is not None and role == "decode":
@@ -120,8 +124,8 @@ class Generator:
             if not job.aborted:
                 await engine.prefill(job)
             kv_params: dict[str, Any] | None = None
-            if g.bootstrap is not None and role == "prefill" and not job.aborted:
-                await self.rooms.serve(job, g.bootstrap.room)
+            if room is not None and not job.aborted:
+                await self.rooms.serve(job, room)
             elif wants_remote_decode(job) and not job.aborted:
                 kv_params = self.handoff.hold(job)
             engine.metrics.ttft.observe(time.monotonic() - job.arrival)
@@ -142,6 +146,8 @@ class Generator:
             handed_over = True
             return Response(exc.status, exc.body())
         finally:
+            if room is not None:
+                self.rooms.abort(room, f"prefill request {g.rid} ended before a decode claimed it")
             if not handed_over:
                 engine.finish(job, "abort")
 
