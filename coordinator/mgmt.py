@@ -15,7 +15,7 @@ from typing import Annotated, Any
 import orjson
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from coordinator.context import CoordinatorContext
@@ -93,6 +93,7 @@ def create_mgmt_app(ctx: CoordinatorContext) -> FastAPI:
     """The management FastAPI app over one coordinator's context."""
     app = FastAPI(title=SERVICE, version=VERSION, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.ctx = ctx
+    app.add_middleware(CatchAll)
     _install_error_handlers(app)
 
     @app.get("/")
@@ -265,12 +266,39 @@ def _install_error_handlers(app: FastAPI) -> None:
         field = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or "body"
         return _error(400, f"{field}: {first.get('msg', 'invalid')}", "invalid_field")
 
-    @app.exception_handler(Exception)
-    async def unexpected(request: Request, exc: Exception) -> Response:
-        log.exception("management request %s %s failed", request.method, request.url.path)
-        return JSONResponse(
-            orjson.loads(error_body(500, f"internal error: {type(exc).__name__}")), status_code=500
-        )
+
+class CatchAll:
+    """Pure ASGI middleware: an unexpected exception becomes an OpenAI-shaped 500, not a re-raise.
+
+    Starlette's own last-resort handler answers and then re-raises, which an in-process ASGI
+    bridge (the proxy's) would see as a failed request with no response.
+    """
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking_send(message: Any) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception as exc:
+            log.exception("management request %s %s failed", scope.get("method"), scope.get("path"))
+            if started:
+                return  # a response is under way; nothing sane to add
+            body = error_body(500, f"internal error: {type(exc).__name__}")
+            headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+            await send({"type": "http.response.start", "status": 500, "headers": headers})
+            await send({"type": "http.response.body", "body": body})
 
 
 def headers_code(status: int) -> str | None:
