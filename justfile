@@ -38,3 +38,12 @@ fmt:
 # Run one benchmark by NAME, or all of them; each ends with a `BENCH NAME ...` line.
 bench NAME="all":
     {{python}} -m tests.bench {{NAME}}
+
+# Install the CPU build of vLLM into .venv-vllm/ (idempotent; see deploy/vllm_setup.py).
+setup-vllm:
+    {{python}} -c "import numpy, safetensors, tokenizers, jinja2" 2>/dev/null || {{python}} -m pip install -q -e '.[vllm]'
+    {{python}} deploy/vllm_setup.py
+
+# The real-engine tests (tests/real): a tiny Llama served by real vLLM behind the whole cluster.
+test-vllm *ARGS: setup-vllm
+    {{python}} -m pytest -q tests/real -m real {{ARGS}}
