@@ -168,10 +168,18 @@ class Follower:
         start_seq: int | None = None,
         filter_subject: str | None = None,
         raw: bool | None = None,
+        idle_heartbeat: float = 2.0,
     ) -> None:
         self.stream = stream
         self.caught_up = asyncio.Event()
-        self._consumer = PushConsumer(nc, stream, start_seq=start_seq, filter_subject=filter_subject, raw=raw)
+        self._consumer = PushConsumer(
+            nc,
+            stream,
+            start_seq=start_seq,
+            filter_subject=filter_subject,
+            raw=raw,
+            idle_heartbeat=idle_heartbeat,
+        )
         self._skips = _Skips(stream)
         self._started = False
 
@@ -183,6 +191,16 @@ class Follower:
     @property
     def skip_reasons(self) -> dict[str, int]:
         return dict(self._skips.by_reason)
+
+    @property
+    def transport(self) -> str:
+        """How messages arrive: "raw" (own protocol connection) or "nats-py"."""
+        return self._consumer.transport
+
+    @property
+    def resets(self) -> int:
+        """How many times the consumer was recreated (gap, lost heartbeats, reconnect)."""
+        return self._consumer.resets
 
     @property
     def last_seq(self) -> int:

@@ -24,6 +24,7 @@ from nats.js.errors import APIError
 
 from core.codec import decode, decode_dict
 from core.errors import DecodeError
+from core.ids import derive_id
 from core.reducer import apply
 from core.state import ClusterState
 from streams.definitions import MOTOR_STREAM
@@ -214,17 +215,23 @@ async def import_jsonl(
 ) -> int:
     """Republish an export's events on their subjects (Nats-Msg-Id dedupe); return how many.
 
+    Bodies that were not JSON when exported go back as they were (folds skip them again).
     The dedupe window is two minutes: importing the same file again later appends copies.
     """
     count = 0
     pending: collections.deque[tuple[int, asyncio.Future[PubAck]]] = collections.deque()
     for rec in iter_jsonl(path):
-        if not isinstance(rec.event, dict):
-            raise StreamsError(f"{path}:{rec.line_no}: event is not a JSON object; cannot import it")
-        hdr = {MOTOR_TYPE: str(rec.event.get("type", ""))}
-        if isinstance(rec.event.get("id"), str):
-            hdr[MSG_ID] = rec.event["id"]
-        fut = await js.publish_async(rec.subject, orjson.dumps(rec.event), headers=hdr)
+        event = rec.event
+        if isinstance(event, dict):
+            body = orjson.dumps(event)
+            event_id, event_type = event.get("id"), event.get("type")
+        else:
+            body = str(event).encode()
+            event_id, event_type = None, None
+        hdr = {MSG_ID: event_id if isinstance(event_id, str) else derive_id("import", rec.stream, rec.seq)}
+        if isinstance(event_type, str):
+            hdr[MOTOR_TYPE] = event_type
+        fut = await js.publish_async(rec.subject, body, headers=hdr)
         pending.append((rec.line_no, fut))
         count += 1
         while len(pending) >= window:
