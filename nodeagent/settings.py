@@ -33,6 +33,7 @@ class AgentSettings:
     device_env: str = CUDA_ENV
     keep_engines: bool = False  # on a graceful exit, leave the engines running
     resync_interval: float = 5.0
+    fault_poll_interval: float = 5.0  # seed 002's poll_interval_sec
     python: str = field(default_factory=lambda: sys.executable)
 
     @property

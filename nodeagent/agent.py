@@ -1,0 +1,421 @@
+"""The node agent: registration, commands, engines, heartbeats, faults and snapshots, composed.
+
+Start-up order matters: adopt the engines an earlier agent left running, serve HTTP, bind the
+command consumer, then register (so no command can arrive before it can be consumed and the
+registration already tells the truth about running engines). Shutdown stops the engines
+unless `keep_engines` is set; a crash leaves them running for the next agent to adopt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from contextlib import AsyncExitStack
+from typing import Any
+
+import aiohttp
+from nats.aio.client import Client
+
+from core.events import (
+    CommandApplied,
+    CommandAppliedData,
+    CommandRefused,
+    CommandRefusedData,
+    EndpointStatus,
+    EndpointStatusChanged,
+    EndpointStatusChangedData,
+    EventBase,
+    FaultCleared,
+    FaultClearedData,
+    FaultReported,
+    FaultReportedData,
+    NodeDeregistered,
+    NodeDeregisteredData,
+    NodeRegistered,
+    SnapshotCheckpoint,
+    SnapshotCheckpointData,
+    SnapshotPhase,
+    StartCommand,
+    StopCommand,
+)
+from core.ids import derive_id, new_id
+from nodeagent import runstate
+from nodeagent.commands import CommandConsumer, check_start
+from nodeagent.engines import Engines, StatusChange
+from nodeagent.errors import CommandRefusal
+from nodeagent.faults import LEVELS, FaultTracker, poll
+from nodeagent.heartbeat import Heartbeats
+from nodeagent.http import HttpView, create_app, serve
+from nodeagent.metrics import AgentMetrics
+from nodeagent.outbox import Outbox
+from nodeagent.registration import build_registration
+from nodeagent.resync import Observer, Running
+from nodeagent.settings import AgentSettings
+from nodeagent.snapshot import Snapshot
+from streams.connection import NatsOptions, connect
+from streams.definitions import ensure_streams
+from streams.publisher import Publisher
+
+log = logging.getLogger(__name__)
+
+SNAPSHOT_POLL_INTERVAL = 0.5
+
+
+class NodeAgent:
+    def __init__(self, settings: AgentSettings) -> None:
+        self.settings = settings
+        self.source = f"nodeagent/{settings.node_id}"
+        self.job_name = settings.job_name
+        self.metrics = AgentMetrics(settings.node_id)
+        self.port = settings.port
+        self.registered = False
+        self._nc: Client | None = None
+        self._outbox: Outbox | None = None
+        self._engines: Engines | None = None
+        self._observer: Observer | None = None
+        self._snapshot: Snapshot | None = None
+        self._fault_trackers: dict[tuple[int, int], FaultTracker] = {}
+
+    # ------------------------------------------------------------------ accessors
+
+    @property
+    def engines(self) -> Engines:
+        assert self._engines is not None
+        return self._engines
+
+    @property
+    def outbox(self) -> Outbox:
+        assert self._outbox is not None
+        return self._outbox
+
+    @property
+    def agent_url(self) -> str:
+        return f"http://{self.settings.ip}:{self.port}"
+
+    def _event(self, cls: type[EventBase], data: Any, event_id: str | None = None) -> Any:
+        return cls(id=event_id or new_id(), ts=time.time(), source=self.source, data=data)  # type: ignore[call-arg]
+
+    # ------------------------------------------------------------------ run
+
+    async def run(self, stop: asyncio.Event) -> int:
+        """Run until `stop` is set (or a part fails); return the exit code."""
+        s = self.settings
+        build_registration(s)  # a config that cannot run fails here, before anything starts
+        async with AsyncExitStack() as stack:
+            nc = await connect(
+                NatsOptions.from_config(s.config.nats, s.nats_urls),
+                name=f"nodeagent-{s.node_id}",
+                retry_initial=True,
+            )
+            self._nc = nc
+            stack.push_async_callback(self._close_nats, nc)
+            js = nc.jetstream()
+            await ensure_streams(js, s.config.nats, lease_ttl=s.config.controller.lease_ttl)
+            publisher = Publisher(js)
+            self._outbox = Outbox(publisher)
+            self._outbox.start()
+            stack.push_async_callback(self._outbox.close)
+            session = aiohttp.ClientSession()
+            stack.push_async_callback(session.close)
+
+            self._engines = Engines(s, session, self._on_change)
+            adopted = self.engines.adopt(runstate.load(s.state_file, s.node_id))
+            if adopted:
+                log.info("adopted running engines %s of instance %s", adopted, self.engines.instance_id)
+            restored_job = None
+            section = s.section
+            if section.snapshot.enabled:
+                self._snapshot = Snapshot(section.snapshot, s.ip, self._on_snapshot, self.engines.all_ready)
+                restored_job = self._snapshot.restored_job()
+                if restored_job:
+                    log.info("restored from a container snapshot: job %s", restored_job)
+                    self.job_name = restored_job
+
+            runner, self.port = await serve(create_app(self._http_view()), s.bind_host, s.port)
+            stack.push_async_callback(runner.cleanup)
+
+            consumer = CommandConsumer(js, s.node_id, self._handle, ack_wait=max(60.0, 3 * s.stop_grace))
+            await consumer.subscribe()
+            stack.push_async_callback(consumer.close)
+            self._observer = Observer(
+                nc, s.node_id, self._running, self._reregister, interval=s.resync_interval
+            )
+            await self._observer.start()
+            stack.push_async_callback(self._observer.close)
+
+            await self.register("restored" if restored_job else "start", restored=bool(restored_job))
+            self.engines.watch_adopted()
+            if restored_job and self._snapshot is not None:
+                self._snapshot.mark_restored()
+
+            heartbeats = Heartbeats(s, publisher, session, self.engines, self.metrics, self._snapshot_pending)
+            tasks = {
+                asyncio.create_task(consumer.run(), name="commands"),
+                asyncio.create_task(heartbeats.run(), name="heartbeats"),
+                asyncio.create_task(self._observer.run(), name="resync"),
+            }
+            if s.config.nodeagent.fault_reporter:
+                tasks.add(asyncio.create_task(self._fault_loop(session), name="faults"))
+            if self._snapshot is not None:
+                tasks.add(asyncio.create_task(self._snapshot_loop(), name="snapshot"))
+            log.info("node agent %s up: %s, HTTP on %s", s.node_id, s.role.value, self.agent_url)
+            code = await self._until_stopped(stop, tasks, consumer)
+            log.info("node agent %s shutting down", s.node_id)
+            await self._shutdown()
+        log.info("node agent %s stopped", s.node_id)
+        return code
+
+    async def _until_stopped(
+        self, stop: asyncio.Event, tasks: set[asyncio.Task[None]], consumer: CommandConsumer
+    ) -> int:
+        waiter = asyncio.create_task(stop.wait(), name="stop")
+        done, _ = await asyncio.wait({waiter, *tasks}, return_when=asyncio.FIRST_COMPLETED)
+        code = 0
+        for t in done:
+            if t is not waiter and not t.cancelled() and t.exception() is not None:
+                log.error("%s failed", t.get_name(), exc_info=t.exception())
+                code = 1
+        consumer.stop()
+        everything = {waiter, *tasks}
+        for t in everything:
+            t.cancel()
+        # Bounded: a library that swallows a cancellation must not hang the shutdown.
+        _, stuck = await asyncio.wait(everything, timeout=5.0)
+        for t in stuck:
+            log.warning("%s did not stop within 5s; leaving it", t.get_name())
+        return code
+
+    async def _shutdown(self) -> None:
+        keep = self.settings.keep_engines
+        had = bool(self.engines.endpoints)
+        await self.engines.close(stop_engines=not keep)
+        if not keep:
+            reason = "node agent shut down" + (" and stopped its engines" if had else "")
+            self.outbox.post(
+                self._event(
+                    NodeDeregistered, NodeDeregisteredData(node_id=self.settings.node_id, reason=reason)
+                )
+            )
+        await self.outbox.drain(5.0)
+
+    @staticmethod
+    async def _close_nats(nc: Client) -> None:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(nc.drain(), 5.0)
+        with contextlib.suppress(Exception):
+            await nc.close()
+
+    # ------------------------------------------------------------------ registration
+
+    async def register(self, why: str, *, restored: bool = False) -> int:
+        """Publish `node.registered` with the engines that run here now; return its sequence."""
+        running = self.engines.running_ids()
+        data = build_registration(
+            self.settings,
+            agent_url=self.agent_url,
+            instance_id=self.engines.instance_id if running else None,
+            running_endpoints=running,
+            restored=restored,
+            job_name=self.job_name,
+        )
+        seq = await self.outbox.send(self._event(NodeRegistered, data))
+        self.registered = True
+        self.metrics.registrations.labels(self.settings.node_id, why).inc()
+        if self._observer is not None:
+            self._observer.registered_at(seq)
+        log.info(
+            "registered (%s) at seq %d: instance %s, running %s", why, seq, data.instance_id, list(running)
+        )
+        return seq
+
+    async def _reregister(self, reason: str) -> None:
+        await self.register("resync")
+
+    def _running(self) -> Running:
+        e = self.engines
+        return Running(e.instance_id, e.running_ids(), e.start_seq)
+
+    # ------------------------------------------------------------------ commands
+
+    async def _handle(self, ev: StartCommand | StopCommand, seq: int) -> None:
+        d = ev.data
+        verb: Any = "start" if isinstance(ev, StartCommand) else "stop"
+        prior = runstate.outcome_of(self.engines.run_state(), d.command_id)
+        if prior is not None:
+            log.info("command %s already %s; answering again, doing nothing", d.command_id, prior)
+            await self.outbox.send(self._result(verb, d.command_id, d.instance_id, prior))
+            return
+        try:
+            if isinstance(ev, StartCommand):
+                await self._start(ev, seq)
+            else:
+                await self._stop(ev)
+            outcome = "applied"
+        except CommandRefusal as r:
+            log.warning("command %s (%s) refused: %s", d.command_id, verb, r)
+            outcome = f"refused:{r.code}:{r.reason}"
+        await self.outbox.send(self._result(verb, d.command_id, d.instance_id, outcome))
+        self.engines.remember(d.command_id, outcome)
+        self.metrics.commands.labels(self.settings.node_id, verb, outcome.split(":")[0]).inc()
+
+    def _result(self, verb: Any, command_id: str, instance_id: int | None, outcome: str) -> EventBase:
+        node = self.settings.node_id
+        event_id = derive_id("command-result", node, command_id)
+        if outcome == "applied":
+            data = CommandAppliedData(command_id=command_id, node_id=node, verb=verb, instance_id=instance_id)
+            return self._event(CommandApplied, data, event_id)  # type: ignore[no-any-return]
+        _, code, reason = outcome.split(":", 2)
+        refused = CommandRefusedData(
+            command_id=command_id, node_id=node, verb=verb, instance_id=instance_id, code=code, reason=reason
+        )
+        return self._event(CommandRefused, refused, event_id)  # type: ignore[no-any-return]
+
+    async def _start(self, ev: StartCommand, seq: int) -> None:
+        d, s = ev.data, self.settings
+        registered = build_registration(s, job_name=self.job_name).endpoints
+        check_start(
+            d,
+            node_id=s.node_id,
+            job_name=self.job_name,
+            role=s.role,
+            engine_type=s.section.engine_type,
+            registered=registered,
+        )
+        started = await self.engines.start(d, seq)
+        if not started:
+            log.info("start %s: instance %d already running here; nothing to do", d.command_id, d.instance_id)
+        if self._snapshot is not None:
+            self._snapshot.prepare(d)
+
+    async def _stop(self, ev: StopCommand) -> None:
+        d = ev.data
+        mine = self.engines.instance_id
+        if d.instance_id is not None and mine is not None and d.instance_id != mine:
+            log.info(
+                "stop %s for instance %d, this node runs %d: nothing to do", d.command_id, d.instance_id, mine
+            )
+            return
+        await self.engines.stop(d.endpoint_ids, d.reason)
+
+    # ------------------------------------------------------------------ events from parts
+
+    def _on_change(self, c: StatusChange) -> None:
+        self.metrics.set_status(c.endpoint_id, c.status)
+        if c.status == EndpointStatus.DEAD:
+            self.metrics.engine_exits.labels(self.settings.node_id).inc()
+        data = EndpointStatusChangedData(
+            node_id=self.settings.node_id,
+            endpoint_id=c.endpoint_id,
+            instance_id=c.instance_id,
+            status=c.status,
+            previous=c.previous,
+            reason=c.reason,
+            exit_code=c.exit_code,
+        )
+        if self._outbox is not None:
+            self.outbox.post(self._event(EndpointStatusChanged, data))
+
+    def _on_snapshot(self, phase: SnapshotPhase, metadata: dict[str, str]) -> None:
+        data = SnapshotCheckpointData(
+            node_id=self.settings.node_id,
+            phase=phase,
+            instance_id=self.engines.instance_id,
+            job_name=self.job_name,
+            pod_ip=self.settings.ip,
+            metadata=metadata,
+        )
+        self.outbox.post(self._event(SnapshotCheckpoint, data))
+
+    def _snapshot_pending(self) -> bool:
+        return self._snapshot is not None and self._snapshot.pending
+
+    async def _snapshot_loop(self) -> None:
+        assert self._snapshot is not None
+        while True:
+            self._snapshot.step()
+            await asyncio.sleep(SNAPSHOT_POLL_INTERVAL)
+
+    async def _fault_loop(self, session: aiohttp.ClientSession) -> None:
+        timeout = self.settings.section.health_check_config.timeout
+        while True:
+            await asyncio.sleep(self.settings.fault_poll_interval)
+            for ep in list(self.engines.endpoints.values()):
+                if (
+                    not ep.live
+                    or not ep.serves_http
+                    or ep.status not in (EndpointStatus.READY, EndpointStatus.ABNORMAL)
+                ):
+                    continue
+                key = (ep.spec.id, ep.proc.pid)
+                tracker = self._fault_trackers.setdefault(key, FaultTracker())
+                status = await poll(session, ep.url("/fault_tolerance/status"), timeout)
+                for action, code in tracker.observe(status):
+                    self._fault(action, code, ep.spec.id, ep.proc.pid)
+
+    def _fault(self, action: str, code: str, endpoint_id: int, pid: int) -> None:
+        node = self.settings.node_id
+        fault_id = derive_id("fault", node, endpoint_id, pid, code)
+        if action == "clear":
+            self.outbox.post(
+                self._event(
+                    FaultCleared,
+                    FaultClearedData(fault_id=fault_id, node_id=node, reason="engine reports healthy"),
+                )
+            )
+            return
+        self.metrics.faults.labels(node, code).inc()
+        level = LEVELS["dead" if code.endswith("dead") else "unhealthy"]
+        data = FaultReportedData(
+            fault_id=fault_id,
+            node_id=node,
+            level=level,
+            code=code,
+            message=f"endpoint {endpoint_id}: /fault_tolerance/status reports {code.removeprefix('engine_')}",
+            instance_id=self.engines.instance_id,
+            endpoint_id=endpoint_id,
+        )
+        self.outbox.post(self._event(FaultReported, data, derive_id("fault-reported", fault_id)))
+
+    # ------------------------------------------------------------------ HTTP
+
+    def _http_view(self) -> HttpView:
+        return HttpView(status=self.status, ready=self.ready, alive=self.alive, metrics=self.metrics)
+
+    def ready(self) -> bool:
+        """Serving (every endpoint READY), or at the snapshot steady point."""
+        if self._snapshot is not None and self._snapshot.steady:
+            return True
+        return self._engines is not None and self.engines.all_ready()
+
+    def alive(self) -> bool:
+        return self._nc is not None and not self._nc.is_closed
+
+    def status(self) -> dict[str, Any]:
+        """What `/node-manager/status` shows."""
+        s = self.settings
+        eps = self._engines.endpoints.values() if self._engines is not None else []
+        return {
+            "status": self.ready(),
+            "node_id": s.node_id,
+            "role": s.role.value,
+            "job_name": self.job_name,
+            "engine_type": s.section.engine_type,
+            "registered": self.registered,
+            "instance_id": self._engines.instance_id if self._engines is not None else None,
+            "snapshot": self._snapshot.phase.value if self._snapshot and self._snapshot.phase else None,
+            "endpoints": [
+                {
+                    "id": ep.spec.id,
+                    "status": ep.status.value if ep.status else None,
+                    "reason": ep.reason,
+                    "pid": ep.proc.pid,
+                    "live": ep.live,
+                    "business_port": ep.spec.business_port,
+                    "exit_code": ep.exit_code,
+                    "log_file": str(ep.log_file),
+                }
+                for ep in eps
+            ],
+        }

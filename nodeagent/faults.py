@@ -1,0 +1,82 @@
+"""Fault reporter: polls each engine's `/fault_tolerance/status` and reports changes.
+
+`unhealthy` becomes an L3 software fault, `dead` (or `max_poll_failures` failed polls in a
+row while the process lives) an L5 one; back to `healthy` clears it. One fault id per
+endpoint, engine incarnation and code, so a repeated report is deduplicated by JetStream.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import orjson
+
+from core.events import FaultLevel
+
+log = logging.getLogger(__name__)
+
+LEVELS: dict[str, FaultLevel] = {"unhealthy": FaultLevel.L3, "dead": FaultLevel.L5}
+KNOWN = ("healthy", "unhealthy", "dead")
+
+
+def ft_status(body: Any) -> str | None:
+    """The engine status in a fault-tolerance answer (`status`/`engine_status`/`state`, nested ok)."""
+    if isinstance(body, str):
+        text = body.strip().lower()
+        return text if text in KNOWN else None
+    if isinstance(body, dict):
+        for key in ("status", "engine_status", "state", "health"):
+            value = ft_status(body.get(key))
+            if value is not None:
+                return value
+        return None
+    if isinstance(body, list):
+        # One entry per rank: the worst wins.
+        found = [s for s in (ft_status(x) for x in body) if s is not None]
+        for worst in ("dead", "unhealthy", "healthy"):
+            if worst in found:
+                return worst
+    return None
+
+
+async def poll(session: aiohttp.ClientSession, url: str, http_timeout: float) -> str | None:
+    """The status an engine reports now; None when it did not answer usefully."""
+    try:
+        async with session.get(url, timeout=aiohttp.ClientTimeout(total=http_timeout)) as resp:
+            if resp.status != 200:
+                return None
+            return ft_status(orjson.loads(await resp.read()))
+    except (TimeoutError, aiohttp.ClientError, OSError, orjson.JSONDecodeError):
+        return None
+
+
+@dataclass
+class FaultTracker:
+    """Per-endpoint memory of what was reported: emits only changes."""
+
+    max_poll_failures: int = 3
+    reported: str | None = None  # code currently reported ("engine_unhealthy"/"engine_dead")
+    failures: int = 0
+
+    def observe(self, status: str | None) -> list[tuple[str, str]]:
+        """What to emit for one poll result: ("clear", code) and/or ("report", code) actions."""
+        if status is None:
+            self.failures += 1
+            if self.failures < self.max_poll_failures:
+                return []
+            status = "dead"
+        else:
+            self.failures = 0
+        code = None if status == "healthy" else f"engine_{status}"
+        if code == self.reported:
+            return []
+        actions: list[tuple[str, str]] = []
+        if self.reported is not None:
+            actions.append(("clear", self.reported))
+        if code is not None:
+            actions.append(("report", code))
+        self.reported = code
+        return actions

@@ -1,0 +1,110 @@
+"""Heartbeats on `motor.hb.<node>`: every endpoint's status and load, every interval.
+
+Load comes from each engine's `/metrics` (running, waiting, KV usage -> free blocks). While
+a container snapshot is pending the heartbeat says so, so the controller holds the instance
+out of routing instead of reading the quiet engine as healthy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+import aiohttp
+from nats.errors import Error as NatsError
+
+from core.events import EndpointLoad, EndpointStatus, Heartbeat, HeartbeatData
+from core.ids import new_id
+from nodeagent.backends import backend_for
+from nodeagent.engines import Endpoint, Engines
+from nodeagent.loadmetrics import Load, scrape
+from nodeagent.metrics import AgentMetrics
+from nodeagent.settings import AgentSettings
+from streams.errors import StreamsError
+from streams.publisher import Publisher
+
+log = logging.getLogger(__name__)
+
+_SCRAPED = (EndpointStatus.READY, EndpointStatus.ABNORMAL)
+
+
+class Heartbeats:
+    def __init__(
+        self,
+        settings: AgentSettings,
+        publisher: Publisher,
+        session: aiohttp.ClientSession,
+        engines: Engines,
+        metrics: AgentMetrics,
+        snapshot_pending: Callable[[], bool],
+    ) -> None:
+        self.settings = settings
+        self.publisher = publisher
+        self.session = session
+        self.engines = engines
+        self.metrics = metrics
+        self.snapshot_pending = snapshot_pending
+        self.capacity = backend_for(settings.section.engine_type).capacity(settings.section)
+        self._failing = False
+
+    async def run(self) -> None:
+        interval = self.settings.heartbeat_interval
+        while True:
+            started = time.monotonic()
+            await self.beat()
+            await asyncio.sleep(max(0.0, interval - (time.monotonic() - started)))
+
+    async def _load(self, ep: Endpoint) -> Load | None:
+        if not ep.live or not ep.serves_http or ep.status not in _SCRAPED:
+            return None
+        timeout = min(self.settings.heartbeat_interval, 2.0)
+        load = await scrape(self.session, ep.url("/metrics"), timeout)
+        if load is not None:
+            ep.load = load
+        return load
+
+    def payload(self, loads: list[tuple[Endpoint, Load | None]]) -> HeartbeatData:
+        cap = self.capacity
+        out = []
+        for ep, load in loads:
+            status = ep.status or EndpointStatus.STARTING
+            if load is None:
+                out.append(EndpointLoad(id=ep.spec.id, status=status))
+                continue
+            out.append(
+                EndpointLoad(
+                    id=ep.spec.id,
+                    status=status,
+                    avail_slots=load.avail_slots(cap),
+                    avail_blocks=load.avail_blocks(cap),
+                    running=load.running,
+                    waiting=load.waiting,
+                )
+            )
+        return HeartbeatData(
+            node_id=self.settings.node_id,
+            instance_id=self.engines.instance_id,
+            endpoints=tuple(out),
+            snapshot_pending=self.snapshot_pending(),
+        )
+
+    async def beat(self) -> None:
+        """Publish one heartbeat now."""
+        eps = sorted(self.engines.endpoints.values(), key=lambda e: e.spec.id)
+        loads = await asyncio.gather(*(self._load(ep) for ep in eps))
+        data = self.payload(list(zip(eps, loads, strict=True)))
+        hb = Heartbeat(id=new_id(), ts=time.time(), source=f"nodeagent/{self.settings.node_id}", data=data)
+        try:
+            await self.publisher.publish(hb)
+        except (StreamsError, NatsError, OSError) as exc:
+            self.metrics.heartbeat_failures.labels(self.settings.node_id).inc()
+            if not self._failing:
+                log.warning("heartbeat not published: %s", exc)
+            self._failing = True
+            return
+        if self._failing:
+            log.info("heartbeats flowing again")
+        self._failing = False
+        self.metrics.heartbeats.labels(self.settings.node_id).inc()

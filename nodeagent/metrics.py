@@ -1,0 +1,60 @@
+"""Prometheus objects of the node agent, in one registry owned by the running agent."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+
+from core.events import EndpointStatus
+
+
+class AgentMetrics:
+    def __init__(self, node_id: str) -> None:
+        self.registry = CollectorRegistry()
+        labels = ["node"]
+        self.node_id = node_id
+        self.endpoint_status = Gauge(
+            "motor_nodeagent_endpoint_status",
+            "1 for the current status of each endpoint, 0 for the others.",
+            [*labels, "endpoint", "status"],
+            registry=self.registry,
+        )
+        self.commands = Counter(
+            "motor_nodeagent_commands",
+            "Start/stop commands handled, by verb and outcome.",
+            [*labels, "verb", "outcome"],
+            registry=self.registry,
+        )
+        self.registrations = Counter(
+            "motor_nodeagent_registrations",
+            "node.registered events published, by why.",
+            [*labels, "why"],
+            registry=self.registry,
+        )
+        self.heartbeats = Counter(
+            "motor_nodeagent_heartbeats", "Heartbeats published.", labels, registry=self.registry
+        )
+        self.heartbeat_failures = Counter(
+            "motor_nodeagent_heartbeat_failures",
+            "Heartbeats that could not be published.",
+            labels,
+            registry=self.registry,
+        )
+        self.engine_exits = Counter(
+            "motor_nodeagent_engine_exits",
+            "Engine processes that exited unasked.",
+            labels,
+            registry=self.registry,
+        )
+        self.faults = Counter(
+            "motor_nodeagent_faults_reported",
+            "fault.reported events, by code.",
+            [*labels, "code"],
+            registry=self.registry,
+        )
+
+    def set_status(self, endpoint_id: int, status: EndpointStatus) -> None:
+        for s in EndpointStatus:
+            self.endpoint_status.labels(self.node_id, str(endpoint_id), s.value).set(1 if s == status else 0)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
