@@ -36,6 +36,7 @@ class LaunchSpec:
     argv: tuple[str, ...]
     env: dict[str, str] = field(default_factory=dict)
     serves_http: bool = True  # False for a headless multi-node follower (no API server)
+    dirs: tuple[str, ...] = ()  # created by the agent before spawning (per-engine socket/cache dirs)
 
 
 class Backend(Protocol):

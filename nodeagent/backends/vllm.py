@@ -19,6 +19,7 @@ from typing import Any
 from core.config import EngineSection
 from core.events import Capacity, Role
 from nodeagent.backends import LaunchContext, LaunchSpec, int_option
+from nodeagent.backends.vllm_env import runtime_env
 from nodeagent.errors import StartupError
 from nodeagent.flags import merge_options, to_flags
 
@@ -193,4 +194,5 @@ def launch(ctx: LaunchContext) -> LaunchSpec:
         if key not in derived:
             options = merge_options(options, drop=(key,))
     argv = [*program, "serve", sec.model_path or sec.model, *to_flags(options)]
-    return LaunchSpec(argv=tuple(argv), serves_http=not headless)
+    env, dirs = runtime_env(ctx, ktc)
+    return LaunchSpec(argv=tuple(argv), env=env, dirs=dirs, serves_http=not headless)
