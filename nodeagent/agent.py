@@ -27,10 +27,6 @@ from core.events import (
     EndpointStatusChanged,
     EndpointStatusChangedData,
     EventBase,
-    FaultCleared,
-    FaultClearedData,
-    FaultReported,
-    FaultReportedData,
     NodeDeregistered,
     NodeDeregisteredData,
     NodeRegistered,
@@ -45,7 +41,7 @@ from nodeagent import runstate
 from nodeagent.commands import CommandConsumer, check_start
 from nodeagent.engines import Engines, StatusChange
 from nodeagent.errors import CommandRefusal
-from nodeagent.faults import LEVELS, FaultTracker, poll
+from nodeagent.faults import FaultReporter
 from nodeagent.heartbeat import Heartbeats
 from nodeagent.http import HttpView, create_app, serve
 from nodeagent.metrics import AgentMetrics
@@ -76,7 +72,6 @@ class NodeAgent:
         self._engines: Engines | None = None
         self._observer: Observer | None = None
         self._snapshot: Snapshot | None = None
-        self._fault_trackers: dict[tuple[int, int], FaultTracker] = {}
 
     # ------------------------------------------------------------------ accessors
 
@@ -157,7 +152,8 @@ class NodeAgent:
                 asyncio.create_task(self._observer.run(), name="resync"),
             }
             if s.config.nodeagent.fault_reporter:
-                tasks.add(asyncio.create_task(self._fault_loop(session), name="faults"))
+                reporter = FaultReporter(s, self.engines, session, self.outbox.post, self.metrics)
+                tasks.add(asyncio.create_task(reporter.run(), name="faults"))
             if self._snapshot is not None:
                 tasks.add(asyncio.create_task(self._snapshot_loop(), name="snapshot"))
             log.info("node agent %s up: %s, HTTP on %s", s.node_id, s.role.value, self.agent_url)
@@ -336,47 +332,6 @@ class NodeAgent:
         while True:
             self._snapshot.step()
             await asyncio.sleep(SNAPSHOT_POLL_INTERVAL)
-
-    async def _fault_loop(self, session: aiohttp.ClientSession) -> None:
-        timeout = self.settings.section.health_check_config.timeout
-        while True:
-            await asyncio.sleep(self.settings.fault_poll_interval)
-            for ep in list(self.engines.endpoints.values()):
-                if (
-                    not ep.live
-                    or not ep.serves_http
-                    or ep.status not in (EndpointStatus.READY, EndpointStatus.ABNORMAL)
-                ):
-                    continue
-                key = (ep.spec.id, ep.proc.pid)
-                tracker = self._fault_trackers.setdefault(key, FaultTracker())
-                status = await poll(session, ep.url("/fault_tolerance/status"), timeout)
-                for action, code in tracker.observe(status):
-                    self._fault(action, code, ep.spec.id, ep.proc.pid)
-
-    def _fault(self, action: str, code: str, endpoint_id: int, pid: int) -> None:
-        node = self.settings.node_id
-        fault_id = derive_id("fault", node, endpoint_id, pid, code)
-        if action == "clear":
-            self.outbox.post(
-                self._event(
-                    FaultCleared,
-                    FaultClearedData(fault_id=fault_id, node_id=node, reason="engine reports healthy"),
-                )
-            )
-            return
-        self.metrics.faults.labels(node, code).inc()
-        level = LEVELS["dead" if code.endswith("dead") else "unhealthy"]
-        data = FaultReportedData(
-            fault_id=fault_id,
-            node_id=node,
-            level=level,
-            code=code,
-            message=f"endpoint {endpoint_id}: /fault_tolerance/status reports {code.removeprefix('engine_')}",
-            instance_id=self.engines.instance_id,
-            endpoint_id=endpoint_id,
-        )
-        self.outbox.post(self._event(FaultReported, data, derive_id("fault-reported", fault_id)))
 
     # ------------------------------------------------------------------ HTTP
 

@@ -7,14 +7,29 @@ endpoint, engine incarnation and code, so a repeated report is deduplicated by J
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from dataclasses import dataclass
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 import orjson
 
-from core.events import FaultLevel
+from core.events import (
+    EndpointStatus,
+    EventBase,
+    FaultCleared,
+    FaultClearedData,
+    FaultLevel,
+    FaultReported,
+    FaultReportedData,
+)
+from core.ids import derive_id, new_id
+from nodeagent.engines import Engines
+from nodeagent.metrics import AgentMetrics
+from nodeagent.settings import AgentSettings
 
 log = logging.getLogger(__name__)
 
@@ -80,3 +95,55 @@ class FaultTracker:
             actions.append(("report", code))
         self.reported = code
         return actions
+
+
+@dataclass
+class FaultReporter:
+    """Polls every serving engine of the node and posts `fault.reported` / `fault.cleared`."""
+
+    settings: AgentSettings
+    engines: Engines
+    session: aiohttp.ClientSession
+    post: Callable[[EventBase], object]
+    metrics: AgentMetrics
+    trackers: dict[tuple[int, int], FaultTracker] = field(default_factory=dict)
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.fault_poll_interval)
+            await self.poll_once()
+
+    async def poll_once(self) -> None:
+        timeout = self.settings.section.health_check_config.timeout
+        for ep in list(self.engines.endpoints.values()):
+            if (
+                not ep.live
+                or not ep.serves_http
+                or ep.status not in (EndpointStatus.READY, EndpointStatus.ABNORMAL)
+            ):
+                continue
+            # One tracker per engine incarnation: a restarted engine starts with a clean slate.
+            tracker = self.trackers.setdefault((ep.spec.id, ep.proc.pid), FaultTracker())
+            status = await poll(self.session, ep.url("/fault_tolerance/status"), timeout)
+            for action, code in tracker.observe(status):
+                self._emit(action, code, ep.spec.id, ep.proc.pid)
+
+    def _emit(self, action: str, code: str, endpoint_id: int, pid: int) -> None:
+        node = self.settings.node_id
+        source = f"nodeagent/{node}"
+        fault_id = derive_id("fault", node, endpoint_id, pid, code)
+        if action == "clear":
+            cleared = FaultClearedData(fault_id=fault_id, node_id=node, reason="engine reports healthy")
+            self.post(FaultCleared(id=new_id(), ts=time.time(), source=source, data=cleared))
+            return
+        self.metrics.faults.labels(node, code).inc()
+        data = FaultReportedData(
+            fault_id=fault_id,
+            node_id=node,
+            level=LEVELS[code.removeprefix("engine_")],
+            code=code,
+            message=f"endpoint {endpoint_id}: /fault_tolerance/status reports {code.removeprefix('engine_')}",
+            instance_id=self.engines.instance_id,
+            endpoint_id=endpoint_id,
+        )
+        self.post(FaultReported(id=new_id(), ts=time.time(), source=source, data=data))
