@@ -176,6 +176,13 @@ class Engines:
             try:
                 for e, spec in specs:
                     log_file = self.settings.log_file(e.id)
+                    for d in spec.dirs:  # e.g. vLLM's per-engine socket and cache dirs
+                        try:
+                            os.makedirs(d, exist_ok=True)
+                        except OSError as exc:
+                            raise CommandRefusal(
+                                "spawn_failed", f"cannot create {d}: {exc.strerror}"
+                            ) from None
                     proc = await EngineProcess.spawn(
                         spec.argv, self.engine_env(spec, e, len(cmd.endpoints)), log_file
                     )
