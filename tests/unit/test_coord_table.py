@@ -331,14 +331,16 @@ def test_candidates_is_cheap() -> None:
     t.is_open = set[str]().__contains__
     t.candidates(Role.UNION, "motor-sim")
     n = 20000
-    start = time.perf_counter()
-    for _ in range(n):
-        t.candidates(Role.UNION, "motor-sim")
-        t.plan("motor-sim")
-    per_call = (time.perf_counter() - start) / n
+    best = float("inf")
+    for _ in range(3):  # CPU time, best round: other processes share the cores
+        start = time.process_time()
+        for _ in range(n):
+            t.candidates(Role.UNION, "motor-sim")
+            t.plan("motor-sim")
+        best = min(best, (time.process_time() - start) / n)
     # Budget for all routing logic is ~40 µs; a cached lookup plus the breaker filter over 32
     # endpoints must be a fraction of it even on a loaded 2-core machine.
-    assert per_call < 20e-6, f"{per_call * 1e6:.1f} µs per candidates()+plan()"
+    assert best < 20e-6, f"{best * 1e6:.1f} µs per candidates()+plan()"
 
 
 def test_a_broken_external_entry_in_the_log_does_not_break_routing() -> None:
