@@ -13,18 +13,12 @@ from collections import deque
 from collections.abc import Callable
 
 from nodeagent.builtin.faults import Faults
-from nodeagent.builtin.kvcache import Allocation, BlockPool, block_hashes
+from nodeagent.builtin.kvcache import Allocation, BlockPool
 from nodeagent.builtin.metrics import EngineMetrics
 from nodeagent.builtin.openai_api import ApiError, GenRequest
+from nodeagent.builtin.prompt import PromptInfo, analyze
 from nodeagent.builtin.settings import EngineSettings
-from nodeagent.builtin.textgen import (
-    Plan,
-    context_of,
-    context_of_ids,
-    natural_length,
-    plan_output,
-    prompt_digest,
-)
+from nodeagent.builtin.textgen import Plan, natural_length, plan_output
 
 
 class Job:
@@ -47,13 +41,13 @@ class Job:
         "waker",
     )
 
-    def __init__(self, g: GenRequest, digest: bytes, hashes: list[int], plan: Plan, arrival: float) -> None:
+    def __init__(self, g: GenRequest, info: PromptInfo, plan: Plan, arrival: float) -> None:
         self.g = g
-        self.digest = digest
-        self.hashes = hashes
+        self.digest = info.digest
+        self.hashes = info.hashes
         self.plan = plan
         self.arrival = arrival
-        self.prompt_len = len(g.prompt)
+        self.prompt_len = info.length
         self.alloc: Allocation | None = None
         self.cached_tokens = 0
         self.sent = 0  # tokens emitted so far
@@ -91,7 +85,8 @@ class Engine:
         `cap` limits the tokens generated (an SGLang prefill emits only the first one).
         """
         s = self.settings
-        n = len(g.prompt)
+        info = analyze(g.prompt_text, g.prompt_ids, s.block_size)
+        n = info.length
         max_tokens = g.max_tokens if g.max_tokens is not None else s.max_model_len - n
         if n + max_tokens > s.max_model_len or max_tokens < 1:
             raise ApiError(
@@ -107,17 +102,12 @@ class Engine:
             )
         if cap is not None:
             max_tokens = min(max_tokens, cap)
-        digest = prompt_digest(g.prompt)
         natural = max_tokens
         # A natural end (EOS) only without max_tokens: with it, output length is predictable
         # and a continuation (prompt + partial text, remaining budget) ends where the original would.
         if not g.sampling.ignore_eos and g.max_tokens is None:
-            natural = natural_length(digest, g.sampling, s.natural_min_tokens, s.natural_max_tokens)
-        if g.prompt_text is not None:
-            ctx = context_of(g.prompt_text)
-        else:
-            ctx = context_of_ids([int(t) for t in g.prompt])
-        plan = plan_output(ctx, g.sampling, max_tokens, natural, self.faults.spec.precision)
+            natural = natural_length(info.digest, g.sampling, s.natural_min_tokens, s.natural_max_tokens)
+        plan = plan_output(info.ctx, g.sampling, max_tokens, natural, self.faults.spec.precision)
         if self.pool.blocks_for(n + plan.completion_tokens) > s.num_blocks:
             raise ApiError(
                 400,
@@ -125,7 +115,7 @@ class Engine:
                 f"{s.num_blocks * s.block_size}",
                 param="max_tokens",
             )
-        return Job(g, digest, block_hashes(g.prompt, s.block_size), plan, time.monotonic())
+        return Job(g, info, plan, time.monotonic())
 
     # ------------------------------------------------------------------ admission
 

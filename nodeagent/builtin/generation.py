@@ -84,12 +84,15 @@ class Generator:
             return Response(200, body, on_sent=self.faults.on_answered)
         fmt = StreamFormat(g, created)
         chunks = [fmt.role()] if g.chat else []
-        last = len(plan.pieces) - 1
-        for i, piece in enumerate(plan.pieces):
-            if i == last:
-                chunks.append(self._chunk(fmt, job, piece, plan.finish_reason, plan.stop_reason, i + 1))
-            elif piece:
-                chunks.append(self._chunk(fmt, job, piece, None, None, i + 1))
+        if g.continuous_usage:
+            last = len(plan.pieces) - 1
+            for i, piece in enumerate(plan.pieces):
+                if i == last:
+                    chunks.append(self._chunk(fmt, job, piece, plan.finish_reason, plan.stop_reason, i + 1))
+                elif piece:
+                    chunks.append(self._chunk(fmt, job, piece, None, None, i + 1))
+        else:
+            chunks += fmt.all_pieces(plan.pieces, plan.finish_reason, plan.stop_reason)
         if g.include_usage:
             chunks.append(fmt.usage(use))
         chunks.append(DONE)

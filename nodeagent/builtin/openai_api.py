@@ -7,15 +7,14 @@ naming the field, which the server turns into `{"error": {"message", "type", "pa
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Sequence
+import os
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
 from nodeagent.builtin.textgen import Sampling
-from nodeagent.builtin.tokenizer import TemplateError, Token, render_chat, tokenize
+from nodeagent.builtin.tokenizer import TemplateError, render_chat
 
 _TYPES = {400: "BadRequestError", 404: "NotFoundError", 408: "RequestTimeout", 409: "ConflictError",
           410: "GoneError", 429: "TooManyRequests", 501: "NotImplementedError", 502: "BadGateway",
@@ -58,8 +57,8 @@ class GenRequest:
     chat: bool
     rid: str
     model: str
-    prompt: Sequence[Token]
-    prompt_text: str | None  # None when the prompt came as token ids
+    prompt_text: str | None  # the prompt (or rendered chat); None when given as token ids
+    prompt_ids: tuple[int, ...] | None  # the prompt's token ids, when given so
     max_tokens: int | None
     sampling: Sampling
     stream: bool
@@ -177,15 +176,15 @@ def _request_id(body: dict[str, Any], header_rid: str | None) -> str:
             if not isinstance(v, str) or not v:
                 raise ApiError(400, f"{key} must be a non-empty string", param=key)
             return v
-    return header_rid or uuid.uuid4().hex
+    return header_rid or os.urandom(16).hex()
 
 
 def _common(
     body: dict[str, Any],
     chat: bool,
     names: tuple[str, ...],
-    prompt: Sequence[Token],
     text: str | None,
+    ids: tuple[int, ...] | None,
     rid: str | None,
 ) -> GenRequest:
     max_tokens = _int(body, "max_tokens", lo=1)
@@ -210,8 +209,8 @@ def _common(
         chat=chat,
         rid=_request_id(body, rid),
         model=check_model(body, names),
-        prompt=prompt,
         prompt_text=text,
+        prompt_ids=ids,
         max_tokens=max_tokens,
         sampling=_sampling(body),
         stream=stream,
@@ -231,33 +230,31 @@ def parse_chat(body: dict[str, Any], names: tuple[str, ...], header_rid: str | N
         text = render_chat(body["messages"], _bool(body, "add_generation_prompt", not cont), cont)
     except TemplateError as exc:
         raise ApiError(400, str(exc), param="messages") from None
-    return _common(body, True, names, tokenize(text), text, header_rid)
+    return _common(body, True, names, text, None, header_rid)
 
 
-def _prompt(prompt: Any) -> tuple[list[Token], str | None]:
-    text: str | None = None
+def _prompt(prompt: Any) -> tuple[str | None, tuple[int, ...] | None]:
     if isinstance(prompt, str):
-        tokens: list[Token] = list(tokenize(prompt))
-        text = prompt
-    elif (
+        if not prompt:
+            raise ApiError(400, "prompt must not be empty", param="prompt")
+        return prompt, None
+    if (
         isinstance(prompt, list)
         and prompt
         and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
     ):
-        tokens = list(prompt)
-    elif isinstance(prompt, list) and len(prompt) == 1:
+        return None, tuple(prompt)
+    if isinstance(prompt, list) and len(prompt) == 1:
         return _prompt(prompt[0])
-    elif isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(p, str | list) for p in prompt):
+    if isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(p, str | list) for p in prompt):
         raise ApiError(
             400, "batched prompts are not supported by the builtin engine; send one prompt", param="prompt"
         )
-    else:
-        raise ApiError(
-            400, "prompt must be a string, a list of token ids, or a list with one of those", param="prompt"
-        )
-    if not tokens:
-        raise ApiError(400, "prompt must not be empty", param="prompt")
-    return tokens, text
+    raise ApiError(
+        400,
+        "prompt must be a non-empty string, a list of token ids, or a list with one of those",
+        param="prompt",
+    )
 
 
 def parse_completion(
@@ -266,5 +263,5 @@ def parse_completion(
     """Validate a `/v1/completions` body."""
     if "prompt" not in body:
         raise ApiError(400, "prompt is required", param="prompt")
-    tokens, text = _prompt(body["prompt"])
-    return _common(body, False, names, tokens, text, header_rid)
+    text, ids = _prompt(body["prompt"])
+    return _common(body, False, names, text, ids, header_rid)

@@ -109,6 +109,20 @@ class StreamFormat:
             )
         return self._head + body + tail
 
+    def all_pieces(self, pieces: tuple[str, ...], finish_reason: str, stop_reason: str | None) -> list[bytes]:
+        """Every token chunk of a whole answer at once (the --fast path); empty pieces skipped."""
+        dumps = orjson.dumps
+        pre = self._head + (b'"delta":{"content":' if self._chat else b'"text":')
+        mid = (
+            b"}" if self._chat else b""
+        ) + b',"logprobs":null,"finish_reason":null,"stop_reason":null}]}\n\n'
+        out: list[bytes] = []
+        for piece in pieces[:-1]:
+            if piece:
+                out += (pre, dumps(piece), mid)
+        out.append(self.piece(pieces[-1], finish_reason, stop_reason))
+        return out
+
     def piece_with_usage(self, text: str, finish: str | None, stop: str | None, use: dict[str, Any]) -> bytes:
         """A chunk with continuous usage stats (`stream_options.continuous_usage_stats`)."""
         chunk = self.piece(text, finish, stop)

@@ -17,6 +17,7 @@ import struct
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 from nodeagent.builtin.tokenizer import Token
 
@@ -39,6 +40,9 @@ _WORD_TEXT = """
     mind country area others done turned although open problem god service certain kind began
 """
 WORDS: tuple[str, ...] = tuple(_WORD_TEXT.split())
+_WORDS_B = tuple(w.encode() for w in WORDS)
+_CAPS = tuple(w.capitalize() for w in WORDS)
+_CAPS_B = tuple(w.encode() for w in _CAPS)
 
 _PUNCT_RATE = 0.08  # a sentence ends about every 12 words
 _COMMA_RATE = 0.06
@@ -72,11 +76,10 @@ class Plan:
         return len(self.pieces)
 
 
-def prompt_digest(tokens: Sequence[Token]) -> bytes:
-    """A stable 16-byte digest of the prompt tokens (the same in every process)."""
-    h = hashlib.blake2b(digest_size=16)
-    h.update("\x1f".join(map(str, tokens)).encode())
-    return h.digest()
+def prompt_digest(tokens: Sequence[Token], text: str | None = None) -> bytes:
+    """A stable 16-byte digest of the prompt (the same in every process)."""
+    raw = text.encode() if text is not None else "\x1f".join(map(str, tokens)).encode()
+    return hashlib.blake2b(raw, digest_size=16).digest()
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,29 +143,34 @@ def generate(ctx: Context, sampling: Sampling, n: int, garbage: bool = False) ->
     # Higher temperature samples from more of the vocabulary; greedy stays with the top words.
     pool = min(len(WORDS), 48 + int(sampling.temperature * 200)) if sampling.temperature > 0 else 48
     pool = max(1, int(pool * min(1.0, max(sampling.top_p, 0.01))))
-    skey = sampling_key(sampling)
+    skey = sampling_key(sampling) & 0xFFFFFFFF
     key, space, capital, no_punct = ctx.key, not ctx.ends_with_space, ctx.capital, ctx.no_punct
-    crc, words, mix = zlib.crc32, WORDS, _mix
+    crc = zlib.crc32
     punct_cut = int(_PUNCT_RATE * 65536)
     comma_cut = int((_PUNCT_RATE + _COMMA_RATE) * 65536)
     out: list[str] = []
+    append = out.append
     for _ in range(n):
-        r = mix((key << 32) ^ skey)
+        # Multiplicative hashing of (context, sampling): the high 32 bits are well mixed.
+        r = (((key ^ skey) * 0x9E3779B97F4A7C15) >> 32) & 0xFFFFFFFF
         low = r & 0xFFFF
         if not no_punct and low < punct_cut:
-            tok = core = "."
+            append(".")
+            key = crc(b".", key)
             capital = no_punct = True
         elif not no_punct and low < comma_cut:
-            tok = core = ","
+            append(",")
+            key = crc(b",", key)
             no_punct = True
         else:
-            core = words[(r >> 16) % pool]
+            i = (r >> 16) % pool
             if capital:
-                core = core.capitalize()
-            tok = " " + core if space else core
+                core, raw = _CAPS[i], _CAPS_B[i]
+            else:
+                core, raw = WORDS[i], _WORDS_B[i]
+            append(" " + core if space else core)
+            key = crc(raw, key)
             capital = no_punct = False
-        out.append(tok)
-        key = crc(core.encode(), key)
         space = True
     if garbage:
         # A precision fault: the shape of the output stays, its content is numerically broken.
@@ -189,6 +197,7 @@ def _find_stop(tokens: list[str], stops: tuple[str, ...], min_tokens: int) -> tu
     return None
 
 
+@lru_cache(maxsize=4096)
 def plan_output(
     ctx: Context,
     sampling: Sampling,
@@ -196,7 +205,10 @@ def plan_output(
     natural_len: int,
     garbage: bool = False,
 ) -> Plan:
-    """Decide the whole output of a request up front (timing is applied when emitting it)."""
+    """Decide the whole output of a request up front (timing is applied when emitting it).
+
+    Pure, so memoized: repeated requests (benchmarks, health probes) cost a lookup.
+    """
     limit, finish = max_tokens, "length"
     if not sampling.ignore_eos and natural_len < max_tokens:
         limit = max(natural_len, min(sampling.min_tokens, max_tokens))

@@ -8,6 +8,7 @@ import orjson
 import pytest
 
 from nodeagent.builtin.openai_api import ApiError, parse_chat, parse_completion, parse_json
+from nodeagent.builtin.prompt import analyze
 from nodeagent.builtin.render import StreamFormat, full_body, usage
 
 NAMES = ("motor-sim", "alias")
@@ -121,7 +122,7 @@ def test_good_chat_request_fields() -> None:
 )
 def test_good_completion_prompts(prompt: Any, n_tokens: int, has_text: bool) -> None:
     g = parse_completion({"prompt": prompt}, NAMES)
-    assert len(g.prompt) == n_tokens
+    assert analyze(g.prompt_text, g.prompt_ids, 16).length == n_tokens
     assert (g.prompt_text is not None) == has_text
     assert g.model == "motor-sim" and g.max_tokens is None
 
@@ -181,3 +182,12 @@ def test_stream_chunks_are_valid_json_with_vllm_fields() -> None:
     assert cont["usage"]["completion_tokens"] == 1 and cont["choices"][0]["delta"] == {"content": "y"}
     comp = StreamFormat(parse_completion({"prompt": "x"}, NAMES), 1)
     assert _event(comp.piece("t"))["choices"][0]["text"] == "t"
+
+
+@pytest.mark.parametrize("chat_api", [True, False])
+def test_all_pieces_equals_chunk_by_chunk(chat_api: bool) -> None:
+    g = parse_chat(chat(rid="s"), NAMES) if chat_api else parse_completion({"prompt": "x", "rid": "s"}, NAMES)
+    fmt = StreamFormat(g, 7)
+    pieces = ("A", " b", "", " c\n")
+    by_one = [fmt.piece(p) for p in pieces[:-1] if p] + [fmt.piece(pieces[-1], "stop", "\n")]
+    assert b"".join(fmt.all_pieces(pieces, "stop", "\n")) == b"".join(by_one)
