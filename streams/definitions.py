@@ -127,9 +127,13 @@ def _differs(want: StreamConfig, have: StreamConfig) -> dict[str, tuple[Any, Any
 
 
 async def ensure_streams(
-    js: JetStreamContext, cfg: NatsConfig | None = None, *, lease_ttl: float = 6.0
+    js: JetStreamContext, cfg: NatsConfig | None = None, *, lease_ttl: float = 6.0, update: bool = True
 ) -> None:
-    """Create the streams and KV buckets, or update the ones whose settings changed."""
+    """Create the streams and KV buckets, or update the ones whose settings changed.
+
+    `update=False` only creates what is missing (tools that must not reset an operator's
+    settings to the defaults, e.g. `motor events import`).
+    """
     for want in stream_configs(cfg, lease_ttl=lease_ttl):
         assert want.name is not None
         try:
@@ -142,7 +146,7 @@ async def ensure_streams(
             log.info("created stream %s", want.name)
             continue
         diff = _differs(want, info.config)
-        if not diff:
+        if not diff or not update:
             continue
         # Keep what the operator set that we do not manage (placement, metadata, ...).
         merged = dataclasses.replace(
