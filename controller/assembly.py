@@ -1,0 +1,183 @@
+"""Instance assembly from the config, and ScaleP2D (prefill nodes rebuild a lost decode).
+
+Per role the config names how many instances and how many nodes one spans; free healthy
+nodes of that role are taken in registration order (rank 0 registered first, and its IP is the
+master DP IP). Roles go union, decode, prefill, so a decode short of nodes sees freed prefill
+nodes before the prefill rule re-assembles them.
+"""
+
+from __future__ import annotations
+
+from controller.decision import Cause, Ctx, Decision
+from controller.instance_rules import terminate
+from controller.view import assemblable, is_borrowed, stop_outstanding
+from core.config import EngineSection
+from core.events import InstanceAssembledData, InstanceMember, InstanceState, Role
+from core.state import InstanceRecord, NodeRecord
+
+
+def assemble(ctx: Ctx, busy: set[int]) -> list[Decision]:
+    """Assemble what the config asks for and free nodes allow; borrow/return for ScaleP2D."""
+    plan = _Plan(ctx, busy)
+    for role in (Role.UNION, Role.DECODE, Role.PREFILL):
+        sec = ctx.cfg.section(role)
+        if sec is not None:
+            plan.role(role, sec)
+        if plan.terminated:
+            break  # freed nodes are for the next round, on the state that has them
+    return plan.out
+
+
+class _Plan:
+    def __init__(self, ctx: Ctx, busy: set[int]) -> None:
+        self.ctx = ctx
+        self.busy = busy
+        self.taken: set[str] = set()
+        self.next_id = ctx.state.next_instance_id
+        self.out: list[Decision] = []
+        self.terminated = False
+        self.by_order = sorted(ctx.state.nodes.values(), key=lambda n: n.order)
+
+    def free(self, role: Role, sec: EngineSection) -> list[NodeRecord]:
+        return [
+            n
+            for n in self.by_order
+            if n.reg.role == role
+            and n.node_id not in self.taken
+            and assemblable(self.ctx.state, n, sec.engine_type, self.ctx.idx)
+        ]
+
+    def role(self, role: Role, sec: EngineSection) -> None:
+        state = self.ctx.state
+        mine = [i for i in state.instances.values() if i.spec.role == role]
+        borrowed = [i for i in mine if is_borrowed(state, i)]
+        own = len(mine) - len(borrowed)
+        made = 0
+        npi = sec.nodes_per_instance()
+        while own + made < sec.instances:
+            picked = self.free(role, sec)[:npi]
+            if len(picked) < npi:
+                break
+            made += 1
+            self.add(role, sec, picked, f"{own + made}/{sec.instances}")
+        if role != Role.DECODE or not self.ctx.cfg.controller.scale_p2d:
+            return
+        if borrowed:
+            self.give_back(role, mine, borrowed, sec)
+        elif own + made < sec.instances:
+            self.borrow(sec, npi, f"{own + made + 1}/{sec.instances}")
+
+    def add(self, role: Role, sec: EngineSection, picked: list[NodeRecord], of: str) -> None:
+        iid = self.next_id
+        self.next_id += 1
+        self.taken.update(n.node_id for n in picked)
+        members = tuple(
+            InstanceMember(node_id=n.node_id, node_rank=r, ip=n.reg.pod_ip, endpoints=n.reg.endpoints)
+            for r, n in enumerate(picked)
+        )
+        data = InstanceAssembledData(
+            instance_id=iid,
+            role=role,
+            engine_type=sec.engine_type,
+            model=sec.model,
+            job_name=picked[0].reg.job_name,
+            members=members,
+            master_dp_ip=members[0].ip,
+            d2d_peer_ips=self.peer_ips(role, sec, members),
+            capabilities=picked[0].reg.capabilities,
+        )
+        newest = max(picked, key=lambda n: n.registered_seq)
+        borrowed = "" if picked[0].reg.role == role else f" from {picked[0].reg.role.value} nodes (ScaleP2D)"
+        why = f"assembling {role.value} instance {iid} ({of}) on {', '.join(n.node_id for n in picked)}{borrowed}"
+        cause = Cause(newest.registered_seq, newest.registered_id, why)
+        self.out.append(self.ctx.assembled(data, cause, *(n.node_id for n in picked)))
+
+    def peer_ips(
+        self, role: Role, sec: EngineSection, members: tuple[InstanceMember, ...]
+    ) -> tuple[str, ...]:
+        """D2D weight-transfer peers: a running instance of the same shape, `<endpoint_id>:<peer_ip>`."""
+        shape = [len(m.endpoints) for m in members]
+        for inst in sorted(self.ctx.state.instances.values(), key=lambda i: i.instance_id):
+            spec = inst.spec
+            if (
+                inst.state == InstanceState.ACTIVE
+                and spec.role == role
+                and spec.model == sec.model
+                and spec.engine_type == sec.engine_type
+                and [len(m.endpoints) for m in spec.members] == shape
+            ):
+                return tuple(
+                    f"{ep.id}:{peer.ip}"
+                    for m, peer in zip(members, spec.members, strict=True)
+                    for ep in m.endpoints
+                )
+        return ()
+
+    # ----------------------------------------------------------------- ScaleP2D
+
+    def borrow(self, sec: EngineSection, npi: int, of: str) -> None:
+        """A decode lost to a hardware fault and no free decode node: rebuild it from prefill."""
+        state = self.ctx.state
+        lost = [
+            f
+            for f in state.faults.values()
+            if f.data.node_id in self.ctx.idx.blocked
+            and (n := state.nodes.get(f.data.node_id)) is not None
+            and n.reg.role == Role.DECODE
+        ]
+        if not lost:
+            return
+        psec = self.ctx.cfg.section(Role.PREFILL)
+        if psec is None or psec.engine_type != sec.engine_type:
+            return
+        spare = self.free(Role.PREFILL, psec)[:npi]
+        if len(spare) == npi:
+            self.add(Role.DECODE, sec, spare, of)
+            return
+        if any(
+            n.reg.role == Role.PREFILL and n.node_id not in self.ctx.idx.member_of and stop_outstanding(n)
+            for n in self.by_order
+        ):
+            return  # a prefill instance is already being taken apart
+        prefills = sorted(
+            (
+                i
+                for i in state.instances.values()
+                if i.spec.role == Role.PREFILL and not is_borrowed(state, i)
+            ),
+            key=lambda i: i.instance_id,
+        )
+        victims = [
+            i
+            for i in prefills
+            if i.instance_id not in self.busy and i.instance_id not in self.ctx.idx.alarms_by_instance
+        ]
+        if len(prefills) < 2 or not victims:
+            return  # keep at least one prefill instance serving
+        victim = victims[-1]
+        f = max(lost, key=lambda f: f.seq)
+        why = f"ScaleP2D: decode node {f.data.node_id} lost ({f.data.code}); taking prefill instance {victim.instance_id}'s nodes"
+        self._terminate(victim, Cause(f.seq, f.event_id, why))
+
+    def give_back(
+        self, role: Role, mine: list[InstanceRecord], borrowed: list[InstanceRecord], sec: EngineSection
+    ) -> None:
+        """Enough own decode instances are ACTIVE again: return the borrowed nodes to prefill."""
+        own_active = [i for i in mine if i not in borrowed and i.state == InstanceState.ACTIVE]
+        if len(own_active) < sec.instances:
+            return
+        victim = next(
+            (i for i in sorted(borrowed, key=lambda i: i.instance_id) if i.instance_id not in self.busy), None
+        )
+        if victim is None:
+            return
+        newest = max(own_active, key=lambda i: i.assembled_seq)
+        why = (
+            f"ScaleP2D: decode capacity restored (instance {newest.instance_id}); returning nodes to prefill"
+        )
+        self._terminate(victim, Cause(newest.assembled_seq, newest.assembled_id, why))
+
+    def _terminate(self, inst: InstanceRecord, cause: Cause) -> None:
+        self.busy.add(inst.instance_id)
+        self.terminated = True
+        self.out += terminate(self.ctx, inst, cause, isolate_first=False)

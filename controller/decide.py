@@ -1,0 +1,73 @@
+"""decide(state, cfg, now) -> decisions: the controller's whole judgement, pure.
+
+Level-based like a Kubernetes reconciler: look at the folded state, emit the events that close
+the gap, and nothing when there is none, so deciding again on the state after its own
+decisions were applied yields nothing new. No I/O and no clock: `now` is given, which is what
+lets `motor replay --verify` re-run it over the log.
+"""
+
+from __future__ import annotations
+
+from controller.assembly import assemble
+from controller.cleanup import cleanup
+from controller.decision import Ctx, Decision
+from controller.instance_rules import reconcile
+from controller.liveness import liveness
+from core.config import ClusterConfig
+from core.events import InstanceState, PrecisionAlarmRaisedData
+from core.state import ClusterState
+
+__all__ = ["Decision", "decide"]
+
+TERMINATED = InstanceState.TERMINATED
+
+
+def decide(
+    state: ClusterState, cfg: ClusterConfig, now: float, *, source: str = "controller"
+) -> list[Decision]:
+    """What the controller appends next, given the state folded so far and the time."""
+    ctx = Ctx.build(state, cfg, now, source)
+    out: list[Decision] = []
+    busy: set[int] = set()
+    # A batch is appended in order and `motor replay --verify` re-derives each decision on the
+    # state after the ones before it, so a decision must not be invalidated by an earlier one
+    # in its batch: rules that could be (other members of a P/D group whose alarm a
+    # termination drops, assembly after anything that frees or unblocks nodes) wait a round.
+    held: set[int] = set()
+    moved: set[int] = set()  # instances whose members or commands change in this batch
+    for iid in sorted(state.instances):
+        if iid in held:
+            continue
+        mine = reconcile(ctx, state.instances[iid])
+        if not mine:
+            continue
+        busy.add(iid)
+        out += mine
+        if any(_moves(d) for d in mine):
+            moved.add(iid)
+        if any(_terminates(d) for d in mine):
+            held |= {i for a in ctx.idx.alarms_by_instance.get(iid, ()) for i in _group(a.data)}
+    busy |= held
+    out += cleanup(ctx, moved | held)
+    if not any(_frees(d) for d in out):
+        out += assemble(ctx, busy)
+    # Last, and only for instances nothing else touched: heartbeat moves never gate the others.
+    out += liveness(ctx, busy)
+    return out
+
+
+def _terminates(d: Decision) -> bool:
+    return d.event.type == "instance.state_changed" and getattr(d.event.data, "state", None) == TERMINATED  # type: ignore[attr-defined]
+
+
+def _frees(d: Decision) -> bool:
+    """Changes which nodes are free or healthy, or which instance ScaleP2D may take."""
+    return _terminates(d) or d.event.type in ("fault.cleared", "precision.alarm_cleared")  # type: ignore[attr-defined]
+
+
+def _moves(d: Decision) -> bool:
+    return _terminates(d) or d.event.type in ("command.start", "instance.assembled")  # type: ignore[attr-defined]
+
+
+def _group(alarm: PrecisionAlarmRaisedData) -> set[int]:
+    return {alarm.d_instance_id} | ({alarm.p_instance_id} if alarm.p_instance_id is not None else set())

@@ -1,0 +1,282 @@
+"""Reconcile one instance: replace, recover, hold for a snapshot, refresh, start, settle.
+
+The rules run in that order and the first that has something to do wins, so one call never
+emits contradictory moves for an instance. None of them reads heartbeat times: heartbeats are
+not in the MOTOR log, so every rule here must give the same answer on a replay of MOTOR alone
+(`liveness.py` owns the heartbeat rules and marks its decisions as such).
+"""
+
+from __future__ import annotations
+
+from controller.decision import Cause, Ctx, Decision
+from controller.view import (
+    REPLACE_LEVELS,
+    RESTART_LEVELS,
+    START_EXHAUSTED,
+    ready_since,
+    start_for,
+    statuses_since,
+)
+from core.events import EndpointStatus, FaultLevel, InstanceMember, InstanceState
+from core.ids import derive_id
+from core.state import CommandRecord, InstanceRecord, NodeRecord
+
+HB_MARK = "heartbeat"  # decisions whose reason carries this depend on heartbeats
+OUT_OF_SERVICE = frozenset({InstanceState.ISOLATED, InstanceState.RECOVERING})
+
+
+def reconcile(ctx: Ctx, inst: InstanceRecord) -> list[Decision]:
+    """The decisions that close the gap between this instance and what it should be."""
+    maybe_nodes = [ctx.state.nodes.get(nid) for nid in inst.node_ids]
+    cause = _replace_cause(ctx, inst, maybe_nodes)
+    if cause is not None:
+        return terminate(ctx, inst, cause, isolate_first=True)
+    nodes = [n for n in maybe_nodes if n is not None]
+    cause = _restart_cause(ctx, inst, nodes)
+    out = _recover(ctx, inst, nodes, cause) if cause is not None else _restart_stopped(ctx, inst, nodes, 0)
+    if out:
+        return out
+    if ctx.state.snapshot_pending(inst.instance_id):
+        return _snapshot_hold(ctx, inst, nodes)
+    return _refresh(ctx, inst, nodes) or _starts(ctx, inst, nodes) or _settle(ctx, inst, nodes)
+
+
+# --------------------------------------------------------------------------- replace
+
+
+def _replace_cause(ctx: Ctx, inst: InstanceRecord, nodes: list[NodeRecord | None]) -> Cause | None:
+    for nid, node in zip(inst.node_ids, nodes, strict=True):
+        if node is None:
+            return Cause(
+                inst.assembled_seq, inst.assembled_id, f"member {nid} deregistered: replacing the instance"
+            )
+    for f in ctx.idx.faults_by_instance.get(inst.instance_id, ()):
+        if f.data.level in REPLACE_LEVELS:
+            d = f.data
+            return Cause(f.seq, f.event_id, f"{d.level} fault {d.code} on {d.node_id}: replacing the node")
+    return None
+
+
+def terminate(ctx: Ctx, inst: InstanceRecord, cause: Cause, *, isolate_first: bool) -> list[Decision]:
+    """Isolate (optionally), then stop every member and terminate; the nodes become free."""
+    if isolate_first and inst.state not in OUT_OF_SERVICE:
+        return [ctx.state_change(inst, InstanceState.ISOLATED, cause)]
+    out: list[Decision] = []
+    for nid in inst.node_ids:
+        node = ctx.state.nodes.get(nid)
+        if node is None:
+            continue
+        start = start_for(node, inst.instance_id)
+        since = max(cause.seq, inst.assembled_seq, start.seq if start is not None else 0)
+        if node.stop_cmd is None or node.stop_cmd.seq < since:
+            out.append(ctx.stop(nid, inst.instance_id, cause, tag="stop-terminate"))
+    out.append(ctx.state_change(inst, InstanceState.TERMINATED, cause))
+    return out
+
+
+# --------------------------------------------------------------------------- restart in place
+
+
+def _stopped_by_us(node: NodeRecord, start: CommandRecord, status_seq: int) -> bool:
+    """A stop we sent after the start, before the STOPPED it explains."""
+    stop = node.stop_cmd
+    return stop is not None and start.seq < stop.seq < status_seq
+
+
+def _restart_cause(ctx: Ctx, inst: InstanceRecord, nodes: list[NodeRecord]) -> Cause | None:
+    """The newest reason to restart the instance's engines that no start has answered yet."""
+    iid = inst.instance_id
+    causes: list[Cause] = []
+    for f in ctx.idx.faults_by_instance.get(iid, ()):
+        if f.data.level in RESTART_LEVELS:
+            d = f.data
+            causes.append(
+                Cause(f.seq, f.event_id, f"{d.level} fault {d.code} on {d.node_id}: restarting engines")
+            )
+    for a in ctx.idx.alarms_by_instance.get(iid, ()):
+        causes.append(Cause(a.seq, a.event_id, f"precision alarm {a.data.alarm_id}: isolating the P/D group"))
+    for node in nodes:
+        cmd = start_for(node, iid)
+        if cmd is None:
+            continue
+        for e, st in statuses_since(node, cmd).items():
+            seq = node.endpoint_seq[e]
+            if st == EndpointStatus.DEAD or (
+                st == EndpointStatus.STOPPED and not _stopped_by_us(node, cmd, seq)
+            ):
+                why = node.endpoint_reason.get(e) or "no reason given"
+                causes.append(
+                    Cause(
+                        seq,
+                        node.endpoint_event_id.get(e, ""),
+                        f"endpoint {node.node_id}/{e} {st.value} ({why}): restarting engines",
+                    )
+                )
+    starts = [c.seq for n in nodes if (c := start_for(n, iid)) is not None]
+    unanswered = [c for c in causes if any(s < c.seq for s in starts)]
+    return max(unanswered, key=lambda c: c.seq) if unanswered else None
+
+
+def _recover(ctx: Ctx, inst: InstanceRecord, nodes: list[NodeRecord], cause: Cause) -> list[Decision]:
+    """Isolate, stop every member, then start each one whose stop is done (Motor's L3)."""
+    if inst.state not in OUT_OF_SERVICE:
+        return [ctx.state_change(inst, InstanceState.ISOLATED, cause)]
+    out: list[Decision] = []
+    if inst.state == InstanceState.ISOLATED:
+        out.append(ctx.state_change(inst, InstanceState.RECOVERING, cause))
+    for node in nodes:
+        if node.stop_cmd is None or node.stop_cmd.seq < cause.seq:
+            out.append(ctx.stop(node.node_id, inst.instance_id, cause, tag="stop-restart"))
+    return out + _restart_stopped(ctx, inst, nodes, cause.seq)
+
+
+def _restart_stopped(ctx: Ctx, inst: InstanceRecord, nodes: list[NodeRecord], since: int) -> list[Decision]:
+    """Start again each member of an instance under recovery whose stop (after `since`) is done.
+
+    Keyed on the stop, not on what caused it: a DEAD status, for one, is overwritten by the
+    STOPPED the stop reports, but the stop after the last start says a restart is owed.
+    """
+    if inst.state not in OUT_OF_SERVICE:
+        return []
+    out: list[Decision] = []
+    for rank, node in enumerate(nodes):
+        stop = node.stop_cmd
+        prev = start_for(node, inst.instance_id)
+        if stop is None or stop.seq < since or (prev is not None and prev.seq > stop.seq):
+            continue
+        if stop.status == "pending" and ctx.now - stop.ts < ctx.cfg.controller.start_timeout:
+            continue  # an engine must be down before it is started again
+        said = getattr(stop.data, "reason", "") or "no reason given"
+        why = f"restart: {node.node_id} stopped ({said}), starting it again"
+        out += _start_or_give_up(ctx, inst, rank, node, prev, Cause(stop.seq, stop.data.command_id, why))
+    return out
+
+
+def _next_attempt(inst: InstanceRecord, prev: CommandRecord | None) -> int:
+    """A start that led to ACTIVE resets the count; one that did not is a failed attempt."""
+    if prev is None or inst.active_seq > prev.seq:
+        return 1
+    return int(getattr(prev.data, "attempt", 1)) + 1
+
+
+def _start_or_give_up(
+    ctx: Ctx, inst: InstanceRecord, rank: int, node: NodeRecord, prev: CommandRecord | None, cause: Cause
+) -> list[Decision]:
+    attempt = _next_attempt(inst, prev)
+    if attempt <= ctx.cfg.controller.start_attempts or prev is None:
+        return [ctx.start(inst, rank, attempt, cause)]
+    prev_id = prev.data.command_id
+    fault_id = derive_id("start-exhausted", prev_id)
+    if fault_id in ctx.state.faults:
+        return []
+    n = attempt - 1
+    msg = f"{n} start attempt(s) on {node.node_id} for instance {inst.instance_id} got no READY ({cause.reason})"
+    why = Cause(prev.seq, prev_id, msg)
+    return [ctx.fault(fault_id, node.node_id, FaultLevel.L5, START_EXHAUSTED, msg, inst.instance_id, why)]
+
+
+# --------------------------------------------------------------------------- snapshot, refresh
+
+
+def _snapshot_hold(ctx: Ctx, inst: InstanceRecord, nodes: list[NodeRecord]) -> list[Decision]:
+    if inst.state not in (InstanceState.INITIAL, InstanceState.ACTIVE, InstanceState.DEGRADED):
+        return []
+    for node in nodes:
+        snap = ctx.state.snapshots.get(node.node_id)
+        if snap is not None and snap.pending:
+            why = f"container snapshot {snap.phase.value} on {node.node_id}: out of service until restored"
+            return [ctx.state_change(inst, InstanceState.INACTIVE, Cause(snap.seq, snap.event_id, why))]
+    return []
+
+
+def _refresh(ctx: Ctx, inst: InstanceRecord, nodes: list[NodeRecord]) -> list[Decision]:
+    """Members re-registered with a new address or job (a restored snapshot): same id, new spec."""
+    spec = inst.spec
+    members = tuple(
+        InstanceMember(node_id=m.node_id, node_rank=m.node_rank, ip=n.reg.pod_ip, endpoints=n.reg.endpoints)
+        for m, n in zip(spec.members, nodes, strict=True)
+    )
+    job = nodes[0].reg.job_name if nodes else spec.job_name
+    if members == spec.members and job == spec.job_name:
+        return []
+    newest = max(nodes, key=lambda n: n.registered_seq)
+    data = spec.model_copy(update={"members": members, "master_dp_ip": members[0].ip, "job_name": job})
+    why = f"{newest.node_id} re-registered as {newest.reg.pod_ip} (job {newest.reg.job_name}): refreshing instance"
+    cause = Cause(newest.registered_seq, newest.registered_id, why)
+    return [ctx.assembled(data, cause, "refresh", *(n.registered_id for n in nodes))]
+
+
+# --------------------------------------------------------------------------- starts
+
+
+def _timed_out(ctx: Ctx, inst: InstanceRecord, node: NodeRecord, prev: CommandRecord) -> bool:
+    if prev.status == "refused":
+        return True
+    # No sign of life: resend after start_timeout. Once the agent applied it and the engine
+    # reports STARTING, loading may take long: the engine's startup_timeout governs, and the
+    # agent reports DEAD when it runs out.
+    alive = prev.status == "applied" or bool(statuses_since(node, prev))
+    limit = ctx.cfg.controller.start_timeout
+    sec = ctx.cfg.section(inst.spec.role)
+    if alive and sec is not None:
+        limit += sec.health_check_config.startup_timeout
+    return ctx.now - prev.ts >= limit
+
+
+def _starts(ctx: Ctx, inst: InstanceRecord, nodes: list[NodeRecord]) -> list[Decision]:
+    iid = inst.instance_id
+    out: list[Decision] = []
+    for rank, node in enumerate(nodes):
+        prev = start_for(node, iid)
+        if prev is None or prev.seq < inst.assembled_seq:
+            why = f"instance {iid} ({inst.spec.role.value}) assembled: starting rank {rank} on {node.node_id}"
+            out.append(ctx.start(inst, rank, 1, Cause(inst.assembled_seq, inst.assembled_id, why)))
+        elif node.registered_seq > prev.seq and (node.reg.instance_id != iid or node.reg.restored):
+            what = "restored from a snapshot" if node.reg.restored else "re-registered without its engines"
+            why = f"{node.node_id} {what}: starting it again for instance {iid}"
+            out.append(ctx.start(inst, rank, 1, Cause(node.registered_seq, node.registered_id, why)))
+        elif inst.active_seq < prev.seq and not ready_since(node, prev) and _timed_out(ctx, inst, node, prev):
+            how = f"refused: {prev.reason}" if prev.status == "refused" else "no READY in time"
+            attempt = int(getattr(prev.data, "attempt", 1))
+            why = f"start attempt {attempt} on {node.node_id} {how}: resending"
+            out += _start_or_give_up(ctx, inst, rank, node, prev, Cause(prev.seq, prev.data.command_id, why))
+    return out
+
+
+# --------------------------------------------------------------------------- settle
+
+
+def _settle(ctx: Ctx, inst: InstanceRecord, nodes: list[NodeRecord]) -> list[Decision]:
+    """INITIAL/RECOVERING/DEGRADED/INACTIVE -> ACTIVE when all READY; ACTIVE -> DEGRADED when not."""
+    cmds = [start_for(n, inst.instance_id) for n in nodes]
+    if not nodes or any(c is None for c in cmds):
+        return []
+    pairs = [(n, c) for n, c in zip(nodes, cmds, strict=True) if c is not None]
+    if all(ready_since(n, c) for n, c in pairs):
+        if inst.state == InstanceState.ACTIVE:
+            return []
+        if inst.state == InstanceState.INACTIVE and HB_MARK in inst.reason:
+            return []  # back when heartbeats resume: liveness.py decides that
+        seq, eid = max(
+            (n.endpoint_seq.get(e, 0), n.endpoint_event_id.get(e, "")) for n in nodes for e in n.endpoint_seq
+        )
+        return [ctx.state_change(inst, InstanceState.ACTIVE, Cause(seq, eid, "every endpoint READY"))]
+    if inst.state != InstanceState.ACTIVE:
+        return []
+    bad: list[tuple[int, str, str]] = []
+    for n, c in pairs:
+        since = statuses_since(n, c)
+        for e in (ep.id for ep in getattr(c.data, "endpoints", ())):
+            st = since.get(e)
+            if st != EndpointStatus.READY:
+                label = st.value if st is not None else "unknown"
+                bad.append(
+                    (
+                        n.endpoint_seq.get(e, n.registered_seq),
+                        n.endpoint_event_id.get(e) or n.registered_id,
+                        f"{n.node_id}/{e} {label}",
+                    )
+                )
+    seq, eid, _ = max(bad)
+    why = "endpoints not READY: " + ", ".join(b[2] for b in sorted(bad))
+    return [ctx.state_change(inst, InstanceState.DEGRADED, Cause(seq, eid, why))]

@@ -1,0 +1,63 @@
+"""Heartbeat rules: silence -> INACTIVE, longer -> TERMINATED, heartbeats back -> ACTIVE.
+
+Heartbeats live in MOTOR_HB, not in the log, so these are the only rules that read them, and
+every decision they make says "heartbeat" in its reason: a replay of MOTOR alone reproduces
+the state from these logged decisions, and `motor replay --verify` knows not to re-derive them.
+"""
+
+from __future__ import annotations
+
+from controller.decision import Cause, Ctx, Decision
+from controller.instance_rules import HB_MARK, terminate
+from controller.view import ready_since, start_for
+from core.events import InstanceState
+from core.state import InstanceRecord, NodeRecord
+
+_WATCHED = frozenset({InstanceState.INITIAL, InstanceState.ACTIVE, InstanceState.DEGRADED})
+
+
+def silence(ctx: Ctx, node: NodeRecord) -> float:
+    """Seconds since the node was last heard of (heartbeat, else registration)."""
+    last = node.last_hb_ts if node.last_hb_ts is not None else node.registered_ts
+    return ctx.now - last
+
+
+def _hb_cause(node: NodeRecord, text: str) -> Cause:
+    # A heartbeat has no MOTOR sequence; name it by id (the registration before any heartbeat).
+    return Cause(0, node.last_hb_id or node.registered_id, text)
+
+
+def liveness(ctx: Ctx, busy: set[int]) -> list[Decision]:
+    """Heartbeat-driven moves for instances no other rule touched in this call."""
+    ctrl = ctx.cfg.controller
+    out: list[Decision] = []
+    for iid in sorted(ctx.state.instances):
+        inst = ctx.state.instances[iid]
+        if iid in busy or ctx.state.snapshot_pending(iid):
+            continue  # a snapshot gates heartbeats on purpose
+        nodes = [n for nid in inst.node_ids if (n := ctx.state.nodes.get(nid)) is not None]
+        if not nodes:
+            continue
+        node = max(nodes, key=lambda n: silence(ctx, n))
+        quiet = silence(ctx, node)
+        if quiet > ctrl.terminate_after:
+            why = f"{HB_MARK} lost: {node.node_id} silent for {quiet:.1f}s; terminating, its nodes are freed"
+            out += terminate(ctx, inst, _hb_cause(node, why), isolate_first=False)
+        elif quiet > ctrl.heartbeat_timeout and inst.state in _WATCHED:
+            why = f"{HB_MARK} timeout: {node.node_id} silent for {quiet:.1f}s"
+            out.append(ctx.state_change(inst, InstanceState.INACTIVE, _hb_cause(node, why)))
+        elif quiet <= ctrl.heartbeat_timeout and _back(ctx, inst, nodes):
+            freshest = min(nodes, key=lambda n: silence(ctx, n))
+            why = f"{HB_MARK} resumed and every endpoint READY"
+            out.append(ctx.state_change(inst, InstanceState.ACTIVE, _hb_cause(freshest, why)))
+    return out
+
+
+def _back(ctx: Ctx, inst: InstanceRecord, nodes: list[NodeRecord]) -> bool:
+    if inst.state != InstanceState.INACTIVE or HB_MARK not in inst.reason:
+        return False
+    for n in nodes:
+        cmd = start_for(n, inst.instance_id)
+        if cmd is None or not ready_since(n, cmd):
+            return False
+    return True

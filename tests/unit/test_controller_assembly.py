@@ -1,0 +1,210 @@
+"""decide: instance assembly, start commands, resends and the INITIAL -> ACTIVE move."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from core.events import EndpointStatus, FaultLevel, InstanceState, Role
+from tests.unit.controller_log import Log, config
+
+
+def spec(log: Log, iid: int) -> Any:
+    return log.state.instances[iid].spec
+
+
+def test_union_instance_assembled_then_started_then_active() -> None:
+    log = Log(config(union=1))
+    log.register("n1", ip="10.0.0.7")
+    first = log.step()
+    assert log.types(first) == ["instance.assembled"]
+    s = spec(log, 1)
+    assert (s.role, s.master_dp_ip, [m.node_id for m in s.members]) == (Role.UNION, "10.0.0.7", ["n1"])
+    assert first[0].event.caused_by is not None and first[0].event.caused_by.seq == 1  # the registration
+    starts = log.step()
+    assert log.types(starts) == ["command.start:n1"]
+    cmd: Any = starts[0].event.data
+    assert (cmd.instance_id, cmd.node_rank, cmd.nnodes, cmd.attempt, cmd.master_dp_ip) == (
+        1,
+        0,
+        1,
+        1,
+        "10.0.0.7",
+    )
+    assert log.step() == []  # waiting for READY
+    log.agents()
+    assert log.types(log.step()) == ["instance.state_changed:ACTIVE"]
+    assert log.decide() == []
+
+
+def test_waits_for_enough_nodes_and_ranks_follow_registration_order() -> None:
+    log = Log(config(union=1, nnodes=2))
+    log.register("b", ip="10.0.0.2")
+    assert log.decide() == []
+    log.register("a", ip="10.0.0.1")
+    log.step()
+    s = spec(log, 1)
+    assert [(m.node_id, m.node_rank) for m in s.members] == [("b", 0), ("a", 1)]
+    assert s.master_dp_ip == "10.0.0.2"
+    starts = log.step()
+    assert sorted((d.event.data.node_id, d.event.data.node_rank, d.event.data.nnodes) for d in starts) == [  # type: ignore[attr-defined]
+        ("a", 1, 2),
+        ("b", 0, 2),
+    ]
+
+
+def test_prefill_and_decode_take_nodes_of_their_own_role_only() -> None:
+    log = Log(config(prefill=1, decode=1))
+    log.register("d1", Role.DECODE)
+    log.register("p1", Role.PREFILL)
+    log.register("p2", Role.PREFILL)
+    log.step()
+    roles = {i.spec.role: i.node_ids for i in log.state.instances.values()}
+    assert roles == {Role.DECODE: ("d1",), Role.PREFILL: ("p1",)}
+    log.bring_up()
+    assert {log.inst(1), log.inst(2)} == {InstanceState.ACTIVE}
+    assert log.state.nodes["p2"].instance_id is None  # spare
+
+
+def test_node_of_another_engine_type_is_not_assembled() -> None:
+    log = Log(config(union=1))
+    log.register("v1", engine_type="vllm")
+    assert log.decide() == []
+
+
+def test_instance_ids_come_from_state_and_count_is_respected() -> None:
+    log = Log(config(union=2))
+    for n in ("n1", "n2", "n3"):
+        log.register(n)
+    ds = log.step()
+    assert [d.event.data.instance_id for d in ds] == [1, 2]  # type: ignore[attr-defined]
+    assert log.state.next_instance_id == 3
+    log.bring_up()
+    assert log.decide() == []
+    assert log.state.nodes["n3"].instance_id is None
+
+
+def test_d2d_peer_ips_name_a_running_instance_of_the_same_shape() -> None:
+    log = Log(config(union=1))
+    log.register("n1", ip="10.0.0.1", eps=2)
+    log.bring_up()
+    log.cfg = config(union=2)
+    log.register("n2", ip="10.0.0.2", eps=2)
+    asm = log.step()
+    assert spec(log, 2).d2d_peer_ips == ("0:10.0.0.1", "1:10.0.0.1")
+    assert asm and log.step()[0].event.data.d2d_peer_ips == ("0:10.0.0.1", "1:10.0.0.1")  # type: ignore[attr-defined]
+
+
+def test_ready_reported_before_the_start_does_not_count() -> None:
+    log = Log(config(union=1))
+    log.register("n1")
+    log.step()
+    log.status("n1", 0, "READY")  # stale: before the start command
+    log.step()  # start
+    assert log.decide() == []
+    log.status("n1", 0, "READY")
+    assert log.types(log.step()) == ["instance.state_changed:ACTIVE"]
+
+
+@pytest.mark.parametrize(
+    ("agent", "wait", "resent"),
+    [
+        ("silent", 29.0, False),
+        ("silent", 30.0, True),
+        ("refused", 0.0, True),
+        ("starting", 30.0, False),  # loading: the engine's startup_timeout (20 s) is added
+        ("starting", 50.0, True),
+    ],
+)
+def test_start_resent_when_no_ready_in_time(agent: str, wait: float, resent: bool) -> None:
+    log = Log(config(union=1))
+    log.register("n1")
+    log.step()
+    log.step()
+    if agent == "refused":
+        log.refused("n1")
+    elif agent == "starting":
+        log.applied("n1")
+        log.status("n1", 0, "STARTING")
+    log.tick(wait)
+    ds = log.decide()
+    assert log.types(ds) == (["command.start:n1"] if resent else [])
+    if resent:
+        assert ds[0].event.data.attempt == 2  # type: ignore[attr-defined]
+        assert ds[0].event.caused_by.id == log.state.nodes["n1"].start_cmd.data.command_id  # type: ignore[union-attr]
+
+
+def test_start_attempts_exhausted_raise_a_fault_then_the_node_is_replaced() -> None:
+    log = Log(config(union=1))
+    log.register("n1")
+    log.step()
+    log.step()
+    for attempt in (2, 3):
+        log.tick(31)
+        (d,) = log.step()
+        assert d.event.data.attempt == attempt  # type: ignore[attr-defined]
+    log.tick(31)
+    (fault,) = log.step()
+    data: Any = fault.event.data
+    assert (fault.event.type, data.level, data.code, data.node_id) == (
+        "fault.reported",
+        FaultLevel.L5,
+        "StartRetriesExhausted",
+        "n1",
+    )
+    assert log.types(log.step()) == ["instance.state_changed:ISOLATED"]
+    assert log.types(log.step()) == ["command.stop:n1", "instance.state_changed:TERMINATED"]
+    assert 1 not in log.state.instances
+    assert log.decide() == []  # n1 is blocked by its open L5 fault
+    log.register("n2")
+    (asm,) = log.step()
+    assert asm.event.data.members[0].node_id == "n2"  # type: ignore[attr-defined]
+
+
+def test_exhausted_fault_is_cleared_when_the_node_registers_again() -> None:
+    log = Log(config(union=1))
+    log.register("n1")
+    log.step()
+    log.step()
+    for _ in range(3):
+        log.tick(31)
+        log.settle()
+    assert any(f.data.code == "StartRetriesExhausted" for f in log.state.faults.values())
+    log.register("n1")
+    ds = log.settle()
+    assert "fault.cleared:n1" in log.types(ds)
+    assert "instance.assembled" in log.types(ds)
+
+
+def test_reregistration_without_engines_resends_the_start() -> None:
+    log = Log(config(union=1))
+    log.register("n1")
+    log.bring_up()
+    assert log.inst(1) == InstanceState.ACTIVE
+    log.register("n1", ip="10.0.0.1")  # agent restarted: instance_id=None, nothing running
+    ds = log.step()
+    assert log.types(ds) == ["command.start:n1"]
+    assert ds[0].event.caused_by.seq == log.state.nodes["n1"].registered_seq  # type: ignore[union-attr]
+    assert log.state.instances[1].instance_id == 1
+
+
+def test_reregistration_with_running_engines_needs_no_start() -> None:
+    log = Log(config(union=1))
+    log.register("n1")
+    log.bring_up()
+    log.register("n1", ip="10.0.0.1", instance_id=1, running_endpoints=(0,))
+    ds = log.step()
+    assert log.types(ds) == ["instance.state_changed:DEGRADED"]  # STARTING until it reports READY
+    log.status("n1", 0, EndpointStatus.READY)
+    assert log.types(log.step()) == ["instance.state_changed:ACTIVE"]
+
+
+def test_decisions_have_derived_ids_independent_of_now() -> None:
+    log = Log(config(union=1))
+    log.register("n1")
+    a = [d.id for d in log.decide(1000.0)]
+    b = [d.id for d in log.decide(1005.0)]
+    assert a == b and a
+    log.commit(log.decide())
+    assert not {d.id for d in log.decide()} & set(a)  # re-deciding after applying adds nothing old
