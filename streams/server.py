@@ -71,8 +71,10 @@ class EmbeddedNats:
         port: int = 0,
         monitor_port: int = 0,
         log_file: Path | None = None,
+        extra_conf: str = "",
     ) -> None:
         self.store_dir = Path(store_dir)
+        self.extra_conf = extra_conf  # appended verbatim: authorization, tls, cluster blocks
         self.host = host
         self.port = port
         self.monitor_port = monitor_port
@@ -113,6 +115,7 @@ class EmbeddedNats:
                 f"  store_dir: {_conf_value(str(self.store_dir.resolve()))}",
                 "  sync_interval: always",
                 "}",
+                self.extra_conf,
                 "",
             ]
         )
