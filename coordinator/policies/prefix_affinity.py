@@ -1,20 +1,18 @@
 """prefix_affinity: requests sharing a prompt prefix go where that prefix's KV cache already is.
 
-The prompt's first bytes are cut into blocks of doubling size (256, 256, 512, 1024 … bytes,
-so boundaries at 256, 512, 1024, 2048 …): a handful of hashes cover a long shared system
-prompt, and the routing decision only needs "which endpoint has seen the longest part of
-this", not token precision. Each block's hash chains the ones before it, so a hash names a
-whole prefix. A bounded LRU maps prefix hashes to the endpoint that served them last. A
-request goes to the endpoint of its longest remembered prefix unless that endpoint is over
-the load bound (consistent hashing with bounded loads: at most `load_factor` × the mean load,
-plus `slack`); then the next shorter prefix is tried, and finally the least loaded endpoint.
-So a hot prefix spills over instead of drowning one engine.
+The prompt's first bytes are hashed at doubling boundaries (256, 512, 1024, … bytes, and the
+prompt's end): a handful of hashes cover a long shared system prompt, and routing only needs
+"which endpoint has seen the longest part of this", not token precision. A bounded LRU maps
+prefix hashes to the endpoint that served them last. A request goes to the endpoint of its
+longest remembered prefix unless that endpoint is over the load bound (consistent hashing
+with bounded loads: at most `load_factor` × the mean load, plus `slack`); then the next
+shorter prefix is tried, and finally the least loaded endpoint. So a hot prefix spills over
+instead of drowning one engine.
 """
 
 from __future__ import annotations
 
 import math
-import zlib
 from collections import OrderedDict
 from collections.abc import Collection, Sequence
 
@@ -22,25 +20,25 @@ from coordinator.policies.base import PREFIX_LIMIT, RequestInfo
 from coordinator.policies.least_load import LeastLoad
 from coordinator.table import Endpoint
 
+_LOW48 = (1 << 48) - 1
+
 
 def block_hashes(prefix: bytes, first_block: int = 256, max_bytes: int = PREFIX_LIMIT) -> list[int]:
-    """Chained hashes of the prefix's blocks; element i names bytes [0, boundary_i).
+    """Hashes of the prompt's prefixes at doubling boundaries; element i names bytes [0, boundary_i).
 
-    Boundaries double from `first_block`; the last block may be partial. CRC-32 chains
-    natively (each block's CRC starts from the previous one) and runs in C; the prefix
-    length is part of each value. A collision only costs a suboptimal placement.
+    Each value hashes the whole prefix up to its boundary (the doubling keeps the total
+    hashed at most twice the prompt), with the boundary in the top bits. Python's bytes hash
+    is per-process salted, which suits a memory that lives in this process only; a collision
+    only costs a suboptimal placement, never a wrong answer.
     """
     out: list[int] = []
-    crc = 0
-    start = 0
-    size = first_block
     end = min(len(prefix), max_bytes)
-    while start < end:
-        stop = min(start + size, end)
-        crc = zlib.crc32(prefix[start:stop], crc)
-        out.append((stop << 32) | crc)
-        start = stop
-        size = stop
+    stop = first_block
+    while stop < end:
+        out.append((stop << 48) | (hash(prefix[:stop]) & _LOW48))
+        stop *= 2
+    if end:
+        out.append((end << 48) | (hash(prefix[:end]) & _LOW48))
     return out
 
 

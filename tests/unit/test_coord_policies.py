@@ -86,14 +86,14 @@ def test_power_of_two_never_picks_the_worse_of_its_pair() -> None:
     assert len(spread) == 4
 
 
-def test_block_hashes_chain_so_a_hash_names_the_whole_prefix() -> None:
+def test_block_hashes_name_whole_prefixes_at_doubling_boundaries() -> None:
     a = block_hashes(b"A" * 10 + b"B" * 10, 10, 100)
     b = block_hashes(b"C" * 10 + b"B" * 10, 10, 100)
     assert len(a) == 2 and a[0] != b[0] and a[1] != b[1]
     # Boundaries double: 10, 20, 40, 80, then the cap at 100.
-    assert [h >> 32 for h in block_hashes(b"x" * 1000, 10, 100)] == [10, 20, 40, 80, 100]
+    assert [h >> 48 for h in block_hashes(b"x" * 1000, 10, 100)] == [10, 20, 40, 80, 100]
     assert block_hashes(b"x" * 1000, 10, 100) == block_hashes(b"x" * 100, 10, 100)  # capped
-    assert [h >> 32 for h in block_hashes(b"xyz", 10, 100)] == [3]  # a short prompt still has a block
+    assert [h >> 48 for h in block_hashes(b"xyz", 10, 100)] == [3]  # a short prompt still has a block
     assert block_hashes(b"xyz", 10, 100) != block_hashes(b"xyzw", 10, 100)
     assert block_hashes(b"", 10, 100) == []
 
