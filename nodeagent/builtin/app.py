@@ -24,6 +24,7 @@ from nodeagent.builtin.faults import FaultError, Faults
 from nodeagent.builtin.generation import Generator, close_all
 from nodeagent.builtin.handoff import TRANSFER_PATH, HandoffClient, HandoffStore
 from nodeagent.builtin.httpserver import HandlerResult, Request, Response, Router, json_response, start_server
+from nodeagent.builtin.metaserver import MetaServer
 from nodeagent.builtin.metrics import CONTENT_TYPE
 from nodeagent.builtin.openai_api import ApiError, check_model, parse_chat, parse_completion, parse_json
 from nodeagent.builtin.render import models_body
@@ -52,6 +53,7 @@ class BuiltinEngine:
         self.handoff = HandoffStore(self.engine)
         self.rooms = RoomRegistry(self.engine)
         self.gen = Generator(self.engine, self.handoff, HandoffClient(), self.rooms, BootstrapClient())
+        self.metaserver = MetaServer()
         self.started = int(time.time())
         self.snapshot_state = "running"  # running | suspended | unlocked
         self._stop = asyncio.Event()
@@ -91,6 +93,7 @@ class BuiltinEngine:
         r.add("GET", "/admin/faults", lambda req: json_response(self.faults.as_dict()))
         r.add("POST", "/admin/faults", self.set_faults)
         r.add("POST", TRANSFER_PATH, self.kv_transfer)
+        r.add("POST", "/v1/metaserver", self.metaserver_forward)
         return r
 
     # ------------------------------------------------------------------ OpenAI API
@@ -260,6 +263,9 @@ class BuiltinEngine:
             raise ApiError(400, str(exc)) from None
         return json_response(self.faults.as_dict())
 
+    async def metaserver_forward(self, req: Request) -> Response:
+        return await self.metaserver.forward(parse_json(req.body))
+
     def kv_transfer(self, req: Request) -> Response:
         status, answer = self.handoff.transfer(parse_json(req.body))
         return json_response(answer, status)
@@ -320,6 +326,7 @@ class BuiltinEngine:
         for server in self._servers:
             server.close()
         await close_all(self.gen)
+        await self.metaserver.close()
         self._servers.clear()
 
     async def run(self) -> None:

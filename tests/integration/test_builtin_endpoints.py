@@ -253,3 +253,32 @@ def test_port_in_use_is_a_clear_error(eng: BuiltinEngineProc, tmp_path: Path) ->
     with pytest.raises(RuntimeError, match="cannot serve"):
         clash.start(timeout=30)
     assert clash.proc is not None and clash.proc.returncode == 1
+
+
+def test_metaserver_relays_to_the_peer(eng: BuiltinEngineProc, tmp_path: Path) -> None:
+    with BuiltinEngineProc(tmp_path, "--fast", "--engine-id", "peer-1", name="peer") as peer:
+        kv = {"request_id": "m-1", "do_remote_decode": True, "do_remote_prefill": False,
+              "remote_engine_id": "peer-1", "remote_host": "127.0.0.1", "remote_port": str(peer.port)}  # fmt: skip
+        body = {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "Hello!"}],
+            "max_tokens": 5,
+            "rid": "m-1",
+        }
+        status, _, direct = http("POST", peer.url + "/v1/chat/completions", body)
+        assert status == 200
+        status, _, relayed = http("POST", eng.url + "/v1/metaserver", {**body, "kv_transfer_params": kv})
+        assert status == 200
+        want, got = orjson.loads(direct), orjson.loads(relayed)
+        assert got["choices"][0]["message"]["content"] == want["choices"][0]["message"]["content"]
+        status, headers, streamed = http(
+            "POST", eng.url + "/v1/metaserver", {**body, "stream": True, "kv_transfer_params": kv}
+        )
+        assert status == 200 and headers["content-type"].startswith("text/event-stream")
+        assert streamed.endswith(b"data: [DONE]\n\n") and streamed.count(b'"content":') == 6
+    status, _, raw = http("POST", eng.url + "/v1/metaserver", {**body, "kv_transfer_params": kv})
+    assert status == 502 and "cannot reach" in orjson.loads(raw)["error"]["message"]
+    status, _, raw = http(
+        "POST", eng.url + "/v1/metaserver", {**body, "kv_transfer_params": {"request_id": "x"}}
+    )
+    assert status == 400 and orjson.loads(raw)["error"]["param"] == "kv_transfer_params"
