@@ -75,6 +75,7 @@ def build_proxy(ctx: CoordinatorContext, *, mgmt_app: Any = None) -> tuple[Proxy
         mgmt_app=mgmt_app,
         limiter=_limiter(s),
         on_done=_detector(ctx),
+        request_timeout=s.request_timeout,
     )
     return app, ups
 

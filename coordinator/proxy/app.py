@@ -8,6 +8,8 @@ the engine as the very bytes the client sent.
 from __future__ import annotations
 
 import asyncio
+import itertools
+import os
 import time
 from typing import Any, Protocol
 
@@ -18,7 +20,6 @@ from coordinator.proxy.asgi import serve_asgi
 from coordinator.proxy.call import Call
 from coordinator.proxy.flows import Flows
 from coordinator.proxy.server import ClientConn, Request
-from core.ids import new_id
 
 CHAT = b"/v1/chat/completions"
 COMPLETIONS = b"/v1/completions"
@@ -68,6 +69,7 @@ class ProxyApp:
         mgmt_app: Any = None,
         limiter: Limiter | None = None,
         on_done: Any = None,
+        request_timeout: float | None = None,
     ) -> None:
         self.flows = flows
         self.table = flows.table
@@ -77,6 +79,11 @@ class ProxyApp:
         self.mgmt = mgmt_app
         self.limiter = limiter
         self.on_done = on_done  # called with each finished Call (precision detector hook)
+        self.request_timeout = request_timeout
+        # Root request ids: a random per-process prefix and a counter (unique across replicas
+        # without a syscall per request).
+        self._id_prefix = os.urandom(6).hex()
+        self._id_counter = itertools.count(1)
         self._requests: dict[tuple[str, int], Any] = {}
         self._latency: dict[str, Any] = {}
         self._ttft: dict[str, Any] = {}
@@ -166,11 +173,23 @@ class ProxyApp:
             self._error(conn, req, 503, plan.reason or "no routable instance", "no_routable_instance")
             return
         rid = req.headers.get(b"x-request-id")
-        root = rid.decode("latin-1") if rid else new_id()
+        root = rid.decode("latin-1") if rid else self._next_id()
         call = Call(conn, req, route, engine_path, body, raw, root)
         call.anthropic = anthropic
         try:
-            await self.flows.run(call, plan)
+            if self.request_timeout is None:
+                await self.flows.run(call, plan)
+            else:
+                async with asyncio.timeout(self.request_timeout):
+                    await self.flows.run(call, plan)
+        except TimeoutError:
+            # Engine connections were closed on the way out (never reused after a cut).
+            if call.committed:
+                conn.close()
+            else:
+                msg = f"no complete answer within the request timeout of {self.request_timeout:g} s"
+                self._error(conn, req, 504, msg, "request_timeout")
+            call.status = 504
         except asyncio.CancelledError:
             if self.metrics is not None:
                 self.metrics.aborts.labels(route=route).inc()
@@ -178,6 +197,9 @@ class ProxyApp:
         self._observe(call)
         if self.on_done is not None:
             self.on_done(call)
+
+    def _next_id(self) -> str:
+        return f"{self._id_prefix}{next(self._id_counter):010x}"
 
     def _observe(self, call: Call) -> None:
         m = self.metrics

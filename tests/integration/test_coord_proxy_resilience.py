@@ -8,12 +8,15 @@ import asyncio
 import time
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import aiohttp
 import orjson
+from nats.aio.client import Client
 from nats.js import JetStreamContext
 
 from streams.publisher import Publisher
+from streams.reader import read_range
 from streams.server import EmbeddedNats
 from tests.integration.coord_harness import (
     MODEL,
@@ -201,6 +204,63 @@ async def test_sse_stream_passes_through_chunk_by_chunk(
         # Tokens 100 ms apart arrive apart: nothing buffers the stream.
         assert len(arrivals) >= 4
         assert arrivals[-1] - arrivals[0] >= 0.3
+    finally:
+        c.stop()
+        eng.stop()
+
+
+async def test_precision_detector_raises_alarm_and_isolates(
+    tmp_path: Path, nats_server: EmbeddedNats, js: JetStreamContext, nc: Client
+) -> None:
+    garbage = await start_engine(tmp_path, "union", "--fast", "--precision-fault")
+    c = await start_coordinator(
+        tmp_path, nats_server.url, precision_detector={"enabled": True, "sample_rate": 1.0}
+    )
+    try:
+        iid = await Cluster(Publisher(js)).add(garbage)
+        body = {**COMP, "max_tokens": 40}
+        async with aiohttp.ClientSession() as s:
+            await wait_routable(c, body)
+            alarms: list[Any] = []
+            deadline = time.monotonic() + 15
+            while not alarms:
+                assert time.monotonic() < deadline, "no precision alarm was appended"
+                alarms = [r.event async for r in read_range(nc) if r.event.type == "precision.alarm_raised"]
+                await asyncio.sleep(0.1)
+            assert alarms[0].data.d_instance_id == iid
+            assert alarms[0].data.detector == "coordinator"
+            # The alarmed instance leaves routing: nothing else serves the model now.
+            deadline = time.monotonic() + 15
+            while True:
+                st, err, _ = await post(s, f"{c.url}/v1/completions", body)
+                if st == 503:
+                    break
+                assert time.monotonic() < deadline, "alarmed instance still routed"
+                await asyncio.sleep(0.1)
+            assert "precision alarm" in err["error"]["message"]
+    finally:
+        c.stop()
+        garbage.stop()
+
+
+async def test_management_api_on_the_same_port(
+    tmp_path: Path, nats_server: EmbeddedNats, js: JetStreamContext
+) -> None:
+    eng = await start_engine(tmp_path, "union", "--fast")
+    c = await start_coordinator(tmp_path, nats_server.url)
+    try:
+        await Cluster(Publisher(js)).add(eng)
+        await wait_routable(c)
+        async with aiohttp.ClientSession() as s:
+            async with s.get(f"{c.url}/readiness") as r:
+                assert r.status == 200
+            async with s.get(f"{c.url}/v1/instances") as r:
+                assert r.status == 200
+                listed = orjson.dumps(await r.json())
+            assert f"n{eng.port}/0".encode() in listed
+            async with s.get(f"{c.url}/metrics") as r:
+                text = await r.text()
+            assert 'motor_coordinator_requests_total{route="completions",status="200"}' in text
     finally:
         c.stop()
         eng.stop()
