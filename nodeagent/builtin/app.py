@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import gc
 import hashlib
 import logging
 import signal
@@ -335,6 +336,8 @@ class BuiltinEngine:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stop)
         await self.start()
+        # Startup objects live for the whole process: keep the collector from rescanning them.
+        gc.freeze()
         print(f"READY builtin engine on http://{self.settings.host}:{self.settings.port}", flush=True)
         try:
             await self._stop.wait()

@@ -126,20 +126,25 @@ def _error_body(status: int, message: str) -> bytes:
 _REASONS = {s.value: s.phrase for s in HTTPStatus}
 
 
+_STATUS_LINES: dict[tuple[int, str], bytes] = {}
+
+
 def _head(
     status: int, content_type: str, length: int | None, keep_alive: bool, extra: tuple[tuple[str, str], ...]
 ) -> bytes:
-    parts = [f"HTTP/1.1 {status} {_REASONS.get(status, 'Unknown')}\r\ncontent-type: {content_type}\r\n"]
-    if length is None:
-        parts.append("transfer-encoding: chunked\r\n")
-    else:
-        parts.append(f"content-length: {length}\r\n")
+    # The status line and content type repeat on nearly every response: build them once.
+    first = _STATUS_LINES.get((status, content_type))
+    if first is None:
+        line = f"HTTP/1.1 {status} {_REASONS.get(status, 'Unknown')}\r\ncontent-type: {content_type}\r\n"
+        first = _STATUS_LINES[(status, content_type)] = line.encode("latin-1")
+    head = first + (
+        b"transfer-encoding: chunked\r\n" if length is None else b"content-length: %d\r\n" % length
+    )
     if not keep_alive:
-        parts.append("connection: close\r\n")
+        head += b"connection: close\r\n"
     for k, v in extra:
-        parts.append(f"{k}: {v}\r\n")
-    parts.append("\r\n")
-    return "".join(parts).encode("latin-1")
+        head += f"{k}: {v}\r\n".encode("latin-1")
+    return head + b"\r\n"
 
 
 class HttpProtocol(asyncio.Protocol):
