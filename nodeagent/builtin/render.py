@@ -67,6 +67,7 @@ def full_body(
             "model": g.model,
             "choices": [choice],
             "usage": use,
+            **({"prompt_logprobs": None} if g.chat else {}),
             "system_fingerprint": None,
             "kv_transfer_params": kv_transfer_params,
         }
