@@ -1,0 +1,116 @@
+"""The controller's HTTP: probes, Prometheus metrics and the observability API.
+
+`create_app(service)` runs the service in the app's lifespan; everything a route needs comes
+from the service object on `app.state` (typed through one dependency), never from globals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from controller.service import ControllerService
+from controller.views import alarms_view, instances_view, nodes_view
+
+log = logging.getLogger(__name__)
+
+
+def error_body(status: int, message: str, code: str) -> JSONResponse:
+    """An OpenAI-shaped error: `{"error": {"message", "type", "code"}}`."""
+    kind = (
+        "service_unavailable"
+        if status == 503
+        else "server_error"
+        if status >= 500
+        else "invalid_request_error"
+    )
+    return JSONResponse({"error": {"message": message, "type": kind, "code": code}}, status_code=status)
+
+
+def _service(request: Request) -> ControllerService:
+    return request.app.state.service  # type: ignore[no-any-return]
+
+
+Service = Annotated[ControllerService, Depends(_service)]
+
+
+def create_app(
+    service: ControllerService, on_failure: Callable[[BaseException], None] | None = None
+) -> FastAPI:
+    """The FastAPI app; its lifespan runs `service` until shutdown (`on_failure` if it dies)."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        stop = asyncio.Event()
+        task = asyncio.create_task(service.run(stop), name=f"controller-{service.id}")
+        app.state.task = task
+
+        def _ended(t: asyncio.Task[None]) -> None:
+            if not stop.is_set() and not t.cancelled() and t.exception() is not None:
+                exc = t.exception()
+                assert exc is not None
+                log.error("controller loop failed: %s", exc, exc_info=exc)
+                if on_failure is not None:
+                    on_failure(exc)
+
+        task.add_done_callback(_ended)
+        try:
+            yield
+        finally:
+            stop.set()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await asyncio.wait_for(task, 10.0)
+
+    app = FastAPI(title="Motor controller", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.service = service
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unexpected error on %s", request.url.path)
+        return error_body(500, f"internal error: {type(exc).__name__}", "internal_error")
+
+    @app.get("/liveness")
+    async def liveness(request: Request, svc: Service) -> Any:
+        task: asyncio.Task[None] | None = getattr(request.app.state, "task", None)
+        if task is None or task.done():
+            why = "the controller loop has stopped"
+            if task is not None and not task.cancelled() and task.exception() is not None:
+                why += f": {task.exception()}"
+            return error_body(503, why, "not_alive")
+        return {"status": "alive", "id": svc.id}
+
+    @app.get("/readiness")
+    async def readiness(svc: Service) -> Any:
+        st = svc.status()
+        if not st.caught_up:
+            return error_body(503, f"controller {st.id} is still replaying the log", "replaying")
+        if not st.leader:
+            return error_body(503, f"controller {st.id} is a standby (leader: {st.leader_id})", "standby")
+        return {"status": "ready", "id": st.id, "leader": True, "term": st.term, "seq": st.last_seq}
+
+    @app.get("/metrics")
+    async def metrics(svc: Service) -> Response:
+        return Response(generate_latest(svc.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/instances")
+    async def instances(svc: Service) -> Any:
+        st, state = svc.status(), svc.state
+        return {
+            "controller": {"id": st.id, "leader": st.leader, "leader_id": st.leader_id, "term": st.term},
+            "seq": state.last_seq,
+            "instances": instances_view(state),
+            "nodes": nodes_view(state),
+        }
+
+    @app.get("/v1/alarms")
+    async def alarms(svc: Service) -> Any:
+        return {"seq": svc.state.last_seq, **alarms_view(svc.state)}
+
+    return app
