@@ -110,9 +110,6 @@ def _builtin(args: argparse.Namespace) -> int:
     if args.prefill_tokens_per_s <= 0:
         print("--prefill-tokens-per-s must be > 0", file=sys.stderr)
         return 2
-    if args.role != "prefill" and args.bootstrap_port is not None:
-        print("--bootstrap-port is only served by a prefill engine (--role prefill)", file=sys.stderr)
-        return 2
     for name in ("crash_after", "die_mid_stream"):
         if getattr(args, name) is not None and getattr(args, name) < 0:
             print(f"--{name.replace('_', '-')} must be >= 0", file=sys.stderr)
