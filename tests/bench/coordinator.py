@@ -176,12 +176,12 @@ class Run:
         return self.cpu_s * 1e6 / self.requests if self.requests else float("nan")
 
 
+_UNIT_MS = {"us": 0.001, "ms": 1.0, "s": 1000.0, "m": 60000.0}
+
+
 def _ms(text: str) -> float:
-    m = re.match(r"([\d.]+)(us|ms|s)", text)
-    if not m:
-        return float("nan")
-    v, unit = float(m.group(1)), m.group(2)
-    return v / 1000 if unit == "us" else v * 1000 if unit == "s" else v
+    m = re.fullmatch(r"([\d.]+)(us|ms|s|m)", text.strip())
+    return float(m.group(1)) * _UNIT_MS[m.group(2)] if m else float("nan")
 
 
 def wrk(url: str, script: Path, conns: int, seconds: float, pid: int | None) -> Run:
@@ -213,7 +213,7 @@ def wrk(url: str, script: Path, conns: int, seconds: float, pid: int | None) -> 
     m = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out)
     if m:
         errs += sum(int(x) for x in m.groups())
-    p50 = re.search(r"50%\s+(\S+)", out)
+    p50 = re.search(r"^\s*50%\s+(\S+)", out, re.MULTILINE)
     return Run(n, errs, _ms(p50.group(1)) if p50 else float("nan"), after - before)
 
 
