@@ -49,6 +49,7 @@ class BuiltinEngine:
 
     def __init__(self, settings: EngineSettings) -> None:
         self.settings = settings
+        self.names = settings.model_names
         self.faults = Faults(settings.faults)
         self.engine = Engine(settings, self.faults)
         self.handoff = HandoffStore(self.engine)
@@ -100,16 +101,16 @@ class BuiltinEngine:
     # ------------------------------------------------------------------ OpenAI API
 
     def completions(self, req: Request) -> HandlerResult:
-        g = parse_completion(parse_json(req.body), self.settings.model_names, req.header(b"x-request-id"))
+        g = parse_completion(parse_json(req.body), self.names, req.header(b"x-request-id"))
         return self.gen.handle(g)
 
     def chat(self, req: Request) -> HandlerResult:
-        g = parse_chat(parse_json(req.body), self.settings.model_names, req.header(b"x-request-id"))
+        g = parse_chat(parse_json(req.body), self.names, req.header(b"x-request-id"))
         return self.gen.handle(g)
 
     def embeddings(self, req: Request) -> Response:
         body = parse_json(req.body)
-        model = check_model(body, self.settings.model_names)
+        model = check_model(body, self.names)
         inputs = body.get("input")
         if isinstance(inputs, str) or (
             isinstance(inputs, list)
@@ -152,13 +153,11 @@ class BuiltinEngine:
         )  # fmt: skip
 
     def models(self, req: Request) -> Response:
-        return Response(
-            200, models_body(self.settings.model_names, self.started, self.settings.max_model_len)
-        )
+        return Response(200, models_body(self.names, self.started, self.settings.max_model_len))
 
     def model_one(self, req: Request) -> Response:
         name = req.path[len("/v1/models/") :]
-        if name not in self.settings.model_names:
+        if name not in self.names:
             raise ApiError(404, f"The model `{name}` does not exist.", param="model")
         data = orjson.loads(models_body((name,), self.started, self.settings.max_model_len))["data"][0]
         return json_response(data)

@@ -69,10 +69,12 @@ class BlockPool:
         needed = self.blocks_for(num_tokens)
         hit = self.cached_prefix(hashes)
         hit_blocks = [self._by_hash[h] for h in hashes[:hit]]
-        reclaimable = len(self._free) + len(self._evictable)
-        reclaimable -= sum(1 for b in hit_blocks if b in self._evictable)
-        if needed - hit > reclaimable:
-            return None
+        if needed - hit > len(self._free):
+            # Cached blocks this request is about to reuse cannot also be evicted for it.
+            reclaimable = len(self._free) + len(self._evictable)
+            reclaimable -= sum(1 for b in hit_blocks if b in self._evictable)
+            if needed - hit > reclaimable:
+                return None
         for b in hit_blocks:
             self._ref(b)
         blocks = hit_blocks

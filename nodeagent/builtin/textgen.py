@@ -70,10 +70,7 @@ class Plan:
     text: str
     finish_reason: str  # "stop" | "length"
     stop_reason: str | None
-
-    @property
-    def completion_tokens(self) -> int:
-        return len(self.pieces)
+    completion_tokens: int  # len(pieces), kept as a field: it is read on every request
 
 
 def prompt_digest(tokens: Sequence[Token], text: str | None = None) -> bytes:
@@ -218,7 +215,7 @@ def plan_output(
     stops = tuple(s for s in sampling.stop if s)
     found = _find_stop(tokens, stops, sampling.min_tokens) if stops else None
     if found is None:
-        return Plan(tuple(tokens), "".join(tokens), finish, None)
+        return Plan(tuple(tokens), "".join(tokens), finish, None, len(tokens))
     index, pos, stop = found
     cut = pos + len(stop) if sampling.include_stop_str_in_output else pos
     pieces: list[str] = []
@@ -227,4 +224,4 @@ def plan_output(
         end = offset + len(tok)
         pieces.append(tok[: max(0, cut - offset)] if end > cut else tok)
         offset = end
-    return Plan(tuple(pieces), "".join(pieces), "stop", stop)
+    return Plan(tuple(pieces), "".join(pieces), "stop", stop, len(pieces))

@@ -69,6 +69,12 @@ def render_chat(
         raise TemplateError("messages must be a non-empty list")
     out: list[str] = []
     for i, msg in enumerate(messages):
+        if type(msg) is dict and len(msg) == 2:
+            # The common shape, {"role": ..., "content": "..."}, without the general checks.
+            role, content = msg.get("role"), msg.get("content")
+            if type(content) is str and role in CHAT_ROLES:
+                out.append(f"<|{role}|>\n{content}\n")
+                continue
         where = f"messages[{i}]"
         if not isinstance(msg, dict):
             raise TemplateError(f"{where} must be an object")
