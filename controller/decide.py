@@ -11,7 +11,7 @@ from __future__ import annotations
 from controller.assembly import assemble
 from controller.cleanup import cleanup
 from controller.decision import Ctx, Decision
-from controller.instance_rules import reconcile
+from controller.instance_rules import reconcile, replace_cause
 from controller.liveness import liveness
 from core.config import ClusterConfig
 from core.events import InstanceState, PrecisionAlarmRaisedData
@@ -49,7 +49,7 @@ def decide(
             held |= {i for a in ctx.idx.alarms_by_instance.get(iid, ()) for i in _group(a.data)}
     busy |= held
     out += cleanup(ctx, moved | held)
-    if not any(_frees(d) for d in out):
+    if not any(_frees(d) for d in out) and not _replacing(ctx):
         out += assemble(ctx, busy)
     # Last, and only for instances nothing else touched: heartbeat moves never gate the others.
     out += liveness(ctx, busy)
@@ -62,7 +62,21 @@ def _terminates(d: Decision) -> bool:
 
 def _frees(d: Decision) -> bool:
     """Changes which nodes are free or healthy, or which instance ScaleP2D may take."""
-    return _terminates(d) or d.event.type in ("fault.cleared", "precision.alarm_cleared")  # type: ignore[attr-defined]
+    kinds = ("fault.cleared", "fault.reported", "precision.alarm_cleared")
+    return _terminates(d) or d.event.type in kinds  # type: ignore[attr-defined]
+
+
+def _replacing(ctx: Ctx) -> bool:
+    """An instance is on its way to termination (isolated first, terminated next round).
+
+    Assembly waits for it: a decision must still hold after the ones before it in its batch
+    are folded, and the termination those lead to frees nodes assembly would choose from.
+    """
+    state = ctx.state
+    return any(
+        replace_cause(ctx, inst, [state.nodes.get(n) for n in inst.node_ids]) is not None
+        for inst in state.instances.values()
+    )
 
 
 def _moves(d: Decision) -> bool:

@@ -35,7 +35,7 @@ from core.events import (
     StopCommandData,
 )
 from core.ids import derive_id
-from core.state import ClusterState, InstanceRecord
+from core.state import ClusterState, InstanceRecord, NodeRecord
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,8 +92,12 @@ class Ctx:
     # ------------------------------------------------------------------ event builders
 
     def state_change(self, inst: InstanceRecord, to: InstanceState, cause: Cause) -> Decision:
-        """Move an instance to `to`; the id names the state it leaves, so each move is unique."""
-        eid = derive_id("state", inst.instance_id, to, inst.state, inst.state_ts, cause.id)
+        """Move an instance to `to`; the id names the state it leaves, so each move is unique.
+
+        The cause is not part of the id: which of several reasons is named may change as a
+        batch is folded, the move itself does not.
+        """
+        eid = derive_id("state", inst.instance_id, to, inst.state, inst.state_ts)
         data = InstanceStateChangedData(
             instance_id=inst.instance_id, state=to, previous=inst.state, reason=cause.reason
         )
@@ -103,8 +107,12 @@ class Ctx:
             )
         )
 
-    def stop(self, node_id: str, instance_id: int, cause: Cause, tag: str = "stop") -> Decision:
-        cid = derive_id(tag, node_id, instance_id, cause.id)
+    def stop(self, node: NodeRecord, instance_id: int, cause: Cause, tag: str = "stop") -> Decision:
+        """Stop the node's engines; the id names the start and the stop it follows (not the cause)."""
+        node_id = node.node_id
+        last_start = node.start_cmd.data.command_id if node.start_cmd is not None else ""
+        last_stop = node.stop_cmd.data.command_id if node.stop_cmd is not None else ""
+        cid = derive_id(tag, node_id, instance_id, last_start, last_stop)
         data = StopCommandData(command_id=cid, node_id=node_id, instance_id=instance_id, reason=cause.reason)
         return Decision(
             StopCommand(id=cid, ts=self.now, source=self.source, caused_by=cause.caused_by(), data=data)

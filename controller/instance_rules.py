@@ -28,14 +28,15 @@ OUT_OF_SERVICE = frozenset({InstanceState.ISOLATED, InstanceState.RECOVERING})
 def reconcile(ctx: Ctx, inst: InstanceRecord) -> list[Decision]:
     """The decisions that close the gap between this instance and what it should be."""
     maybe_nodes = [ctx.state.nodes.get(nid) for nid in inst.node_ids]
-    cause = _replace_cause(ctx, inst, maybe_nodes)
+    cause = replace_cause(ctx, inst, maybe_nodes)
     if cause is not None:
         return terminate(ctx, inst, cause, isolate_first=True)
     nodes = [n for n in maybe_nodes if n is not None]
     cause = _restart_cause(ctx, inst, nodes)
-    out = _recover(ctx, inst, nodes, cause) if cause is not None else _restart_stopped(ctx, inst, nodes, 0)
-    if out:
-        return out
+    if cause is not None:
+        return _recover(ctx, inst, nodes, cause)  # nothing else moves while a restart is owed
+    if _restarting(inst, nodes):
+        return _restart_stopped(ctx, inst, nodes, 0)
     if ctx.state.snapshot_pending(inst.instance_id):
         return _snapshot_hold(ctx, inst, nodes)
     return _refresh(ctx, inst, nodes) or _starts(ctx, inst, nodes) or _settle(ctx, inst, nodes)
@@ -44,7 +45,8 @@ def reconcile(ctx: Ctx, inst: InstanceRecord) -> list[Decision]:
 # --------------------------------------------------------------------------- replace
 
 
-def _replace_cause(ctx: Ctx, inst: InstanceRecord, nodes: list[NodeRecord | None]) -> Cause | None:
+def replace_cause(ctx: Ctx, inst: InstanceRecord, nodes: list[NodeRecord | None]) -> Cause | None:
+    """Why the instance must be terminated and rebuilt elsewhere, if it must."""
     for nid, node in zip(inst.node_ids, nodes, strict=True):
         if node is None:
             return Cause(
@@ -69,7 +71,7 @@ def terminate(ctx: Ctx, inst: InstanceRecord, cause: Cause, *, isolate_first: bo
         start = start_for(node, inst.instance_id)
         since = max(cause.seq, inst.assembled_seq, start.seq if start is not None else 0)
         if node.stop_cmd is None or node.stop_cmd.seq < since:
-            out.append(ctx.stop(nid, inst.instance_id, cause, tag="stop-terminate"))
+            out.append(ctx.stop(node, inst.instance_id, cause, tag="stop-terminate"))
     out.append(ctx.state_change(inst, InstanceState.TERMINATED, cause))
     return out
 
@@ -126,8 +128,19 @@ def _recover(ctx: Ctx, inst: InstanceRecord, nodes: list[NodeRecord], cause: Cau
         out.append(ctx.state_change(inst, InstanceState.RECOVERING, cause))
     for node in nodes:
         if node.stop_cmd is None or node.stop_cmd.seq < cause.seq:
-            out.append(ctx.stop(node.node_id, inst.instance_id, cause, tag="stop-restart"))
+            out.append(ctx.stop(node, inst.instance_id, cause, tag="stop-restart"))
     return out + _restart_stopped(ctx, inst, nodes, cause.seq)
+
+
+def _restarting(inst: InstanceRecord, nodes: list[NodeRecord]) -> bool:
+    """Under recovery with a member stopped since its last start: its start is still owed."""
+    if inst.state not in OUT_OF_SERVICE:
+        return False
+    for node in nodes:
+        prev = start_for(node, inst.instance_id)
+        if node.stop_cmd is not None and (prev is None or node.stop_cmd.seq > prev.seq):
+            return True
+    return False
 
 
 def _restart_stopped(ctx: Ctx, inst: InstanceRecord, nodes: list[NodeRecord], since: int) -> list[Decision]:

@@ -231,6 +231,7 @@ def test_precision_alarm_isolates_the_pd_group_restarts_and_clears() -> None:
     assert all(x.event.caused_by.seq == seq for x in iso)  # type: ignore[union-attr]
     assert {log.inst(d), log.inst(p)} == {InstanceState.ISOLATED}
     log.step()
+    assert log.decide() == []  # stops sent, not applied: the old READY must not count
     log.agents()
     log.step()  # starts
     assert d in log.state.alarms  # not cleared before the group is READY again
