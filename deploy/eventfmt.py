@@ -138,13 +138,18 @@ def print_streams(rows: list[dict[str, Any]], *, as_json: bool) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    table = Table(title="JetStream streams (subjects: --json)", title_justify="left", box=box.SIMPLE_HEAD)
+    table = Table(
+        title="JetStream streams (subjects: --json)",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+    )
     table.add_column("stream", no_wrap=True)
     table.add_column("msgs", justify="right", no_wrap=True)
     table.add_column("bytes", justify="right", no_wrap=True)
     table.add_column("first", justify="right", no_wrap=True)
     table.add_column("last", justify="right", no_wrap=True)
-    table.add_column("last message (UTC)", no_wrap=True)
+    table.add_column("newest (UTC)", no_wrap=True)
     for r in rows:
         table.add_row(
             Text(r["stream"]),

@@ -255,12 +255,15 @@ class PushConsumer:
 
     async def _open_sink(self) -> _RawSink | _PySink:
         if self.raw is not False:
+            raw_sink: _RawSink | None = None
             try:
-                sink: _RawSink | _PySink = _RawSink(self.nc, _raw_subscriber(self.nc))
-                await sink.open()
+                raw_sink = _RawSink(self.nc, _raw_subscriber(self.nc))
+                await raw_sink.open()
                 self.transport = "raw"
-                return sink
+                return raw_sink
             except (RawUnsupported, StreamsError, OSError, TimeoutError) as exc:
+                if raw_sink is not None:
+                    await raw_sink.close()
                 if self.raw:
                     raise
                 log.info("raw reader unavailable (%s); using nats-py", exc)

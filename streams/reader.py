@@ -43,7 +43,7 @@ def reason_for(exc: DecodeError) -> str:
     return "undecodable"
 
 
-class _Skips:
+class SkipCounter:
     """Counts what could not be decoded, logging the first of each kind."""
 
     def __init__(self, stream: str) -> None:
@@ -74,14 +74,20 @@ async def read_batches(
     until_seq: int | None = None,
     until_time: float | None = None,
     filter_subject: str | None = None,
+    raw: bool | None = None,
 ) -> AsyncIterator[list[Delivery]]:
-    """Raw messages of a range in batches (not decoded); ends at what existed when called."""
+    """Raw messages of a range in batches (not decoded); ends at what existed when called.
+
+    `raw=None` reads through the raw protocol connection when possible, `False` forces nats-py.
+    """
     last = await stream_last_seq(nc, stream)
     end = last if until_seq is None else min(until_seq, last)
     if end == 0 or (start_seq is not None and start_seq > end):
         return
     until_ns = int(until_time * 1e9) if until_time is not None else None
-    pc = PushConsumer(nc, stream, start_seq=start_seq, start_time=start_time, filter_subject=filter_subject)
+    pc = PushConsumer(
+        nc, stream, start_seq=start_seq, start_time=start_time, filter_subject=filter_subject, raw=raw
+    )
     try:
         if await pc.start() == 0:
             return
@@ -132,10 +138,10 @@ async def read_range(
     until_seq: int | None = None,
     until_time: float | None = None,
     filter_subject: str | None = None,
-    skips: _Skips | None = None,
+    skips: SkipCounter | None = None,
 ) -> AsyncIterator[Record]:
     """Decoded events of a range, in order; ends at what existed when called."""
-    skips = skips or _Skips(stream)
+    skips = skips or SkipCounter(stream)
     async for d in read_deliveries(
         nc,
         stream,
@@ -180,7 +186,7 @@ class Follower:
             raw=raw,
             idle_heartbeat=idle_heartbeat,
         )
-        self._skips = _Skips(stream)
+        self._skips = SkipCounter(stream)
         self._started = False
 
     @property

@@ -67,6 +67,7 @@ async def fold_stream(
     until_time: float | None = None,
     state: ClusterState | None = None,
     stream: str = MOTOR_STREAM,
+    raw: bool | None = None,
 ) -> tuple[ClusterState, ReplayStats]:
     """Fold the stream into a state: from the start, or after `state.last_seq` (a checkpoint)."""
     s = state if state is not None else ClusterState()
@@ -75,7 +76,9 @@ async def fold_stream(
     t0 = time.perf_counter()
     skips = stats.skip_reasons
     applied = 0
-    async for batch in read_batches(nc, stream, start_seq=start, until_seq=until_seq, until_time=until_time):
+    async for batch in read_batches(
+        nc, stream, start_seq=start, until_seq=until_seq, until_time=until_time, raw=raw
+    ):
         if not stats.first_seq:
             stats.first_seq = batch[0].seq
         for d in batch:

@@ -178,10 +178,25 @@ async def _raw_round(nc: object, n: int) -> float:
     return n / elapsed
 
 
-async def _fold_round(nc: object, n: int) -> tuple[float, int]:
+async def _reader_round(nc: object, n: int) -> float:
+    """streams' own reader (raw protocol connection), orjson decode only: the transport alone."""
+    from streams.reader import read_batches
+
+    count = 0
+    t0 = time.perf_counter()
+    async for batch in read_batches(nc):  # type: ignore[arg-type]
+        for d in batch:
+            orjson.loads(d.data)
+        count += len(batch)
+    if count != n:
+        raise SystemExit(f"reader read {count} events, expected {n}")
+    return n / (time.perf_counter() - t0)
+
+
+async def _fold_round(nc: object, n: int, raw: bool | None = None) -> tuple[float, int]:
     from streams.replay import fold_stream
 
-    state, stats = await fold_stream(nc)  # type: ignore[arg-type]
+    state, stats = await fold_stream(nc, raw=raw)  # type: ignore[arg-type]
     if stats.applied + stats.skipped != n:
         raise SystemExit(f"fold read {stats.applied + stats.skipped} events, expected {n}")
     return stats.events_per_second, len(state.nodes)
@@ -213,18 +228,30 @@ async def run(n: int, rounds: int, nats_url: str | None) -> dict[str, float]:
                 print(f"reusing the {n} events already in {MOTOR_STREAM}")
             raw: list[float] = []
             fold: list[float] = []
+            fold_py: list[float] = []
+            reader: list[float] = []
             for r in range(rounds):
                 raw.append(await _raw_round(nc, n))
+                reader.append(await _reader_round(nc, n))
                 eps, nodes = await _fold_round(nc, n)
                 fold.append(eps)
+                # The same fold through a nats-py subscription instead of the raw reader.
+                fold_py.append((await _fold_round(nc, n, raw=False))[0])
                 print(
-                    f"round {r + 1}: raw {raw[-1]:,.0f}/s  fold {fold[-1]:,.0f}/s  ({nodes} nodes in state)"
+                    f"round {r + 1}: raw {raw[-1]:,.0f}/s  streams reader {reader[-1]:,.0f}/s  fold {fold[-1]:,.0f}/s  "
+                    f"fold via nats-py {fold_py[-1]:,.0f}/s  ({nodes} nodes in state)"
                 )
             await nc.close()
         finally:
             if server is not None:
                 await server.stop()
-    return {"fold_eps": max(fold), "raw_eps": max(raw), "avg_bytes": avg_bytes}
+    return {
+        "fold_eps": max(fold),
+        "raw_eps": max(raw),
+        "fold_natspy_eps": max(fold_py),
+        "reader_eps": max(reader),
+        "avg_bytes": avg_bytes,
+    }
 
 
 def main(argv: list[str]) -> int:
@@ -248,6 +275,6 @@ def main(argv: list[str]) -> int:
     ratio = res["fold_eps"] / res["raw_eps"]
     print(
         f"BENCH replay fold_eps={res['fold_eps']:.0f} raw_eps={res['raw_eps']:.0f} ratio={ratio:.2f} "
-        f"events={args.events} avg_bytes={res['avg_bytes']:.0f}"
+        f"fold_natspy_eps={res['fold_natspy_eps']:.0f} reader_eps={res['reader_eps']:.0f} events={args.events} avg_bytes={res['avg_bytes']:.0f}"
     )
     return 0
