@@ -28,6 +28,8 @@ MESSAGES = b"/v1/messages"
 COUNT_TOKENS = b"/v1/messages/count_tokens"
 MODELS = b"/v1/models"
 
+_SWEEP = 1.0  # seconds between request-timeout sweeps
+
 # Client path -> (metrics route name, engine path).
 _GENERATION = {
     CHAT: ("chat", CHAT),
@@ -80,6 +82,9 @@ class ProxyApp:
         self.limiter = limiter
         self.on_done = on_done  # called with each finished Call (precision detector hook)
         self.request_timeout = request_timeout
+        self._deadlines: dict[asyncio.Task[Any], float] = {}
+        self._expired: set[asyncio.Task[Any]] = set()
+        self._sweeper: asyncio.TimerHandle | None = None
         # Root request ids: a random per-process prefix and a counter (unique across replicas
         # without a syscall per request).
         self._id_prefix = os.urandom(6).hex()
@@ -176,27 +181,52 @@ class ProxyApp:
         root = rid.decode("latin-1") if rid else self._next_id()
         call = Call(conn, req, route, engine_path, body, raw, root)
         call.anthropic = anthropic
+        task = self._deadline(call) if self.request_timeout is not None else None
         try:
-            if self.request_timeout is None:
-                await self.flows.run(call, plan)
-            else:
-                async with asyncio.timeout(self.request_timeout):
-                    await self.flows.run(call, plan)
-        except TimeoutError:
-            # Engine connections were closed on the way out (never reused after a cut).
+            await self.flows.run(call, plan)
+        except asyncio.CancelledError:
+            if task is None or task not in self._expired:
+                if self.metrics is not None:
+                    self.metrics.aborts.labels(route=route).inc()
+                raise
+            # Our own request timeout, not the client: engine connections were closed on the
+            # way out (never reused after a cut); answer if nothing was sent yet.
+            self._expired.discard(task)
+            task.uncancel()
             if call.committed:
                 conn.close()
             else:
                 msg = f"no complete answer within the request timeout of {self.request_timeout:g} s"
                 self._error(conn, req, 504, msg, "request_timeout")
             call.status = 504
-        except asyncio.CancelledError:
-            if self.metrics is not None:
-                self.metrics.aborts.labels(route=route).inc()
-            raise
+        finally:
+            if task is not None:
+                self._deadlines.pop(task, None)
         self._observe(call)
         if self.on_done is not None:
             self.on_done(call)
+
+    def _deadline(self, call: Call) -> asyncio.Task[Any] | None:
+        # A table swept once a second instead of a timer per request (a timer handle costs
+        # more than the routing decision).
+        task = asyncio.current_task()
+        if task is None or self.request_timeout is None:
+            return None
+        loop = asyncio.get_running_loop()
+        self._deadlines[task] = loop.time() + self.request_timeout
+        if self._sweeper is None:
+            self._sweeper = loop.call_later(_SWEEP, self._sweep)
+        return task
+
+    def _sweep(self) -> None:
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        for task, deadline in list(self._deadlines.items()):
+            if deadline <= now:
+                del self._deadlines[task]
+                self._expired.add(task)
+                task.cancel()
+        self._sweeper = loop.call_later(_SWEEP, self._sweep) if self._deadlines else None
 
     def _next_id(self) -> str:
         return f"{self._id_prefix}{next(self._id_counter):010x}"

@@ -40,7 +40,7 @@ class Upstreams:
         is retried once on a fresh connection (the request cannot have been seen).
         """
         data = request_head(ep, path, len(body), request_id) + body
-        conn = await self.pool.acquire(ep.host, ep.port)
+        conn = self.pool.take(ep.host, ep.port) or await self.pool.connect(ep.host, ep.port)
         try:
             await conn.send(data, self.first_token_timeout)
             return conn

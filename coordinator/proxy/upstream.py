@@ -63,7 +63,7 @@ class UpstreamConn(asyncio.Protocol):
         self.waiter: asyncio.Future[None] | None = None
         self.forward: Any = None  # client transport once committed in raw mode
         self.on_data: Callable[[bytes], None] | None = None  # transform mode after commit
-        self.timer: asyncio.TimerHandle | None = None
+        self.watched = False  # in the pool's first-byte deadline table
         self.chunk_open = False  # inside a chunk: a cut here leaves the client mid-frame
 
     # ------------------------------------------------------------------ protocol callbacks
@@ -104,7 +104,7 @@ class UpstreamConn(asyncio.Protocol):
             and not w.done()
             and (self.complete or (self.body_len and self.status < 300 and self.on_data is None))
         ):
-            self._cancel_timer()
+            self._unwatch()
             w.set_result(None)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -144,7 +144,7 @@ class UpstreamConn(asyncio.Protocol):
         # httptools resets should_keep_alive() once feed_data returns: read it here.
         self.keep_alive = self.parser.should_keep_alive()
         self.complete = True
-        self._cancel_timer()
+        self._unwatch()
         w = self.waiter
         if w is not None and not w.done() and (self.forward is not None or self.on_data is not None):
             w.set_result(None)
@@ -156,7 +156,8 @@ class UpstreamConn(asyncio.Protocol):
         self._reset()
         self.waiter = self.loop.create_future()
         if first_byte_timeout is not None:
-            self.timer = self.loop.call_later(first_byte_timeout, self._on_timeout)
+            self.watched = True
+            self.pool.watch(self, first_byte_timeout)
         assert self.transport is not None
         self.transport.write(data)
         return self.waiter
@@ -215,7 +216,7 @@ class UpstreamConn(asyncio.Protocol):
 
     def close(self) -> None:
         """Close for good (a client abort: the engine sees the disconnect and stops)."""
-        self._cancel_timer()
+        self._unwatch()
         self.forward = None
         self.on_data = None
         if not self.closed:
@@ -234,13 +235,14 @@ class UpstreamConn(asyncio.Protocol):
 
     # ------------------------------------------------------------------ internals
 
-    def _cancel_timer(self) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
+    def _unwatch(self) -> None:
+        if self.watched:
+            self.watched = False
+            self.pool.first_byte.pop(self, None)
 
-    def _on_timeout(self) -> None:
-        self.timer = None
+    def on_timeout(self) -> None:
+        """The first-byte deadline passed (called by the pool's sweep)."""
+        self.watched = False
         if self.waiter is not None and not self.waiter.done() and self.body_len == 0:
             self._fail("engine sent no token before the first-token timeout", timeout=True)
             self.close()
@@ -248,7 +250,7 @@ class UpstreamConn(asyncio.Protocol):
     def _fail(self, message: str, *, timeout: bool = False) -> None:
         if self.error is None:
             self.error = UpstreamError(message, got_bytes=self.got_bytes, timeout=timeout)
-        self._cancel_timer()
+        self._unwatch()
         w = self.waiter
         if w is not None and not w.done():
             w.set_exception(self.error)
@@ -261,6 +263,11 @@ def _ignore(_: bytes) -> None:
     return None
 
 
+# How often first-byte deadlines are checked: a per-request timer handle costs more than the
+# whole routing decision, a table swept a few times a second costs nothing per request.
+SWEEP_INTERVAL = 0.05
+
+
 class UpstreamPool:
     """Idle keep-alive connections per (host, port); a connection serves one exchange at a time."""
 
@@ -269,6 +276,31 @@ class UpstreamPool:
         self.max_idle = max_idle_per_host
         self.idle: dict[tuple[str, int], list[UpstreamConn]] = {}
         self.connect_timeout = 5.0
+        self.first_byte: dict[UpstreamConn, float] = {}  # exchange -> first-byte deadline
+        self._sweeper: asyncio.TimerHandle | None = None
+
+    def watch(self, conn: UpstreamConn, timeout: float) -> None:
+        """Fail `conn`'s exchange if no body byte arrives within `timeout` seconds."""
+        self.first_byte[conn] = self.loop.time() + timeout
+        if self._sweeper is None:
+            self._sweeper = self.loop.call_later(SWEEP_INTERVAL, self._sweep)
+
+    def _sweep(self) -> None:
+        now = self.loop.time()
+        late = [c for c, deadline in self.first_byte.items() if deadline <= now]
+        for c in late:
+            del self.first_byte[c]
+            c.on_timeout()
+        self._sweeper = self.loop.call_later(SWEEP_INTERVAL, self._sweep) if self.first_byte else None
+
+    def take(self, host: str, port: int) -> UpstreamConn | None:
+        """An idle connection to host:port, if there is one."""
+        stack = self.idle.get((host, port))
+        while stack:
+            conn = stack.pop()
+            if not conn.closed:
+                return conn
+        return None
 
     async def acquire(self, host: str, port: int) -> UpstreamConn:
         """An idle connection to host:port, or a new one."""
@@ -306,7 +338,10 @@ class UpstreamPool:
             stack.remove(conn)
 
     def close(self) -> None:
-        """Close every idle connection."""
+        """Close every idle connection (and stop sweeping deadlines)."""
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
         for stack in self.idle.values():
             for conn in list(stack):
                 conn.close()

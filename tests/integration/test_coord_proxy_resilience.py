@@ -264,3 +264,28 @@ async def test_management_api_on_the_same_port(
     finally:
         c.stop()
         eng.stop()
+
+
+async def test_request_timeout_answers_504(
+    tmp_path: Path, nats_server: EmbeddedNats, js: JetStreamContext
+) -> None:
+    eng = await start_engine(tmp_path, "union", "--fast", "--slow-tokens-ms", "400")
+    c = await start_coordinator(tmp_path, nats_server.url, request_timeout=1.0, first_token_timeout=30)
+    try:
+        await Cluster(Publisher(js)).add(eng)
+        await wait_routable(c, {**COMP, "max_tokens": 1})
+        async with aiohttp.ClientSession() as s:
+            t0 = time.monotonic()
+            st, err, _ = await post(s, f"{c.url}/v1/completions", {**COMP, "max_tokens": 20})
+            took = time.monotonic() - t0
+            assert st == 504, err
+            assert err["error"]["code"] == "request_timeout"
+            assert 0.9 <= took < 5
+            # The engine saw its client (the coordinator) go away and stopped.
+            deadline = time.monotonic() + 5
+            while await metric(s, eng.url, "vllm:num_requests_running") != 0:
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.05)
+    finally:
+        c.stop()
+        eng.stop()
