@@ -166,6 +166,7 @@ class Flows:
                     if not ptask.done():
                         ptask.cancel()
                         self.ups.abort(p, rid)
+                    self._keep(ptask)
                     call.exclude.add(d.key)
                     last = r
                     self._retried(r)
@@ -176,6 +177,7 @@ class Flows:
                 # The client went away: stop both engines.
                 for t in (ptask, dtask):
                     t.cancel()
+                    self._keep(t)
                 self.ups.abort(p, rid)
                 self.ups.abort(d, rid)
                 raise
