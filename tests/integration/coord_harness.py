@@ -115,9 +115,11 @@ class Engine:
         return self.proc.poll() is None
 
 
-async def start_engine(tmp: Path, role: str = "union", *args: str, bootstrap: bool = False) -> Engine:
+async def start_engine(
+    tmp: Path, role: str = "union", *args: str, bootstrap: bool = False, port: int | None = None
+) -> Engine:
     """Start a builtin engine (`--fast` unless speeds are given) and wait for /health."""
-    port = free_port()
+    port = port or free_port()
     bport = free_port() if bootstrap else None
     argv = ["engine", "builtin", "--port", str(port), "--role", role, "--model", MODEL, *args]
     if bport is not None:

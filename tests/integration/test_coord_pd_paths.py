@@ -123,3 +123,31 @@ async def test_incompatible_pairs_fail_closed(
             assert "no compatible prefill/decode pair" in err["error"]["message"]
     finally:
         c.stop()
+
+
+async def test_decode_death_mid_stream_continues_on_another_pair(
+    tmp_path: Path, nats_server: EmbeddedNats, js: JetStreamContext, engines: dict[str, Engine]
+) -> None:
+    dying = await start_engine(tmp_path, "decode", "--fast", "--die-mid-stream", "4")
+    c = await start_coordinator(tmp_path, nats_server.url, policy={"decode": "round_robin"})
+    try:
+        cluster = Cluster(Publisher(js))
+        for e in (engines["prefill"], engines["decode"], dying):
+            await cluster.add(e, engine_type="vllm", capabilities=["handoff"])
+        await wait_routable(c)
+        body = {**COMP, "max_tokens": 12, "stream": True}
+        async with aiohttp.ClientSession() as s:
+            for _ in range(6):
+                text, chunks = await stream_text(s, f"{c.url}/v1/completions", body)
+                if not dying.alive():
+                    break
+        assert not dying.alive(), "the dying decode never served a stream"
+        pieces = [ch for ch in chunks if "choices" in ch]
+        assert len({ch["id"] for ch in pieces}) == 1
+        assert sum(1 for ch in pieces if ch["choices"][0]["text"]) == 12
+        assert chunks[-1] == {"done": True}
+        assert text
+        assert "continuing elsewhere" in c.log_text()
+    finally:
+        c.stop()
+        dying.stop()

@@ -289,3 +289,28 @@ async def test_request_timeout_answers_504(
     finally:
         c.stop()
         eng.stop()
+
+
+async def test_engine_restart_on_same_port_is_no_failure(
+    tmp_path: Path, nats_server: EmbeddedNats, js: JetStreamContext
+) -> None:
+    eng = await start_engine(tmp_path, "union", "--fast")
+    c = await start_coordinator(tmp_path, nats_server.url, retries=0)
+    try:
+        await Cluster(Publisher(js)).add(eng)
+        await wait_routable(c)
+        async with aiohttp.ClientSession() as s:
+            for _ in range(3):  # fill the coordinator's keep-alive pool
+                st, _, _ = await post(s, f"{c.url}/v1/completions", COMP)
+                assert st == 200
+            eng.stop()
+            eng = await start_engine(tmp_path, "union", "--fast", port=eng.port)
+            # Pooled connections to the old process are dead; with no retries allowed the
+            # request still succeeds: a dead pooled connection is replaced, not counted.
+            for _ in range(3):
+                st, body, _ = await post(s, f"{c.url}/v1/completions", COMP)
+                assert st == 200, body
+        assert "retrying elsewhere" not in c.log_text()
+    finally:
+        c.stop()
+        eng.stop()
