@@ -49,6 +49,8 @@ class Fold:
         seq = self.state.last_seq
         keep = []
         for want, fut in self._waiters:
+            if fut.done():
+                continue
             if want <= seq:
                 if not fut.done():
                     fut.set_result(None)
@@ -63,7 +65,10 @@ class Fold:
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.append((seq, fut))
         try:
-            await asyncio.wait_for(fut, within)
+            async with asyncio.timeout(within):
+                await fut
         except TimeoutError:
             return False
+        finally:
+            fut.cancel()  # a no-op when resolved; drops a waiter that timed out
         return True

@@ -134,7 +134,9 @@ class ControllerService:
                 every = [stopper, catching_up, *loops]
                 for t in every:
                     t.cancel()
-                await asyncio.gather(*every, return_exceptions=True)
+                _, stuck = await asyncio.wait(every, timeout=10.0)
+                if stuck:
+                    log.error("tasks did not stop: %s", ", ".join(t.get_name() for t in stuck))
 
     async def _load_checkpoint(self, js: JetStreamContext) -> None:
         try:
@@ -256,8 +258,11 @@ class ControllerService:
         changed = self.fold.changed
         await self.caught_up.wait()
         while True:
+            # asyncio.timeout, not wait_for: 3.11's wait_for can swallow a cancellation that
+            # races with the event, and this loop would then never end.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(changed.wait(), tick)
+                async with asyncio.timeout(tick):
+                    await changed.wait()
             changed.clear()
             self._observe()
             if not self._may_write():

@@ -1,0 +1,207 @@
+"""Leader failover, guarded appends and checkpoint + tail start-up, on a real nats-server."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest_asyncio
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+
+from controller.appender import Appender
+from controller.decision import Cause, Ctx, Decision
+from controller.fold import Fold
+from controller.metrics import ControllerMetrics
+from controller.service import ControllerService
+from core.config import config_from_dict
+from core.events import (
+    EndpointSpec,
+    FaultReported,
+    FaultReportedData,
+    InstanceState,
+    NodeRegistered,
+    NodeRegisteredData,
+    Role,
+)
+from core.ids import new_id
+from core.reducer import apply
+from core.state import ClusterState, state_to_dict
+from streams.checkpoint import load_checkpoint
+from streams.publisher import Publisher
+from streams.reader import read_range
+from streams.server import EmbeddedNats
+from tests.integration.controller_harness import CONTROLLER, Cluster, operator_event, state_is
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def cluster(
+    nats_server: EmbeddedNats, nc: Client, js: JetStreamContext, tmp_path: Path
+) -> AsyncIterator[Cluster]:
+    c = Cluster(tmp_path, nats_server.url, nc)
+    await c.start_tail()
+    try:
+        yield c
+    finally:
+        await c.close()
+
+
+async def test_leader_killed_mid_scenario_standby_decides_within_3s_without_repeating_starts(
+    cluster: Cluster,
+) -> None:
+    cluster.configure(union=2)
+    c1 = cluster.controller("c1")
+    await c1.wait_http("/readiness")
+    c2 = cluster.controller("c2")
+    await c2.wait_http("/liveness")
+    cluster.agent("n1", "union")
+    cluster.agent("n2", "union")
+    first = await cluster.tail.wait(lambda ev: ev.type == "command.start", within=40)
+    assert first.source == "controller/c1"
+    c1.kill9()
+    killed = time.time()
+    # Something that needs a decision right away: a restart-level fault on the started node.
+    f = operator_event(
+        FaultReported,
+        FaultReportedData(
+            fault_id=new_id(),
+            node_id=first.data.node_id,
+            level="L3",
+            code="EngineCoreDead",
+            instance_id=first.data.instance_id,
+        ),
+    )
+    await Publisher(cluster.nc.jetstream()).publish(f)
+    leader = await cluster.tail.wait(
+        lambda ev: ev.type == "controller.leader_changed" and ev.data.leader_id == "c2", within=10
+    )
+    assert leader.data.previous == "c1" and leader.data.term == 2
+    iso = await cluster.tail.wait(
+        lambda ev: (
+            ev.type == "instance.state_changed" and ev.caused_by is not None and ev.caused_by.id == f.id
+        ),
+        within=10,
+    )
+    assert iso.source == "controller/c2"
+    print(f"standby took over {leader.ts - killed:.2f}s and decided {iso.ts - killed:.2f}s after the kill")
+    assert iso.ts - killed <= 3.0, f"standby decided {iso.ts - killed:.2f}s after the kill"
+    for iid in {
+        first.data.instance_id,
+        *(e.data.instance_id for e in cluster.tail.events(lambda ev: ev.type == "instance.assembled")),
+    }:
+        await cluster.tail.wait(state_is(iid, "ACTIVE"), within=60)
+    starts = cluster.tail.events(lambda ev: ev.type == "command.start")
+    ids = [s.data.command_id for s in starts]
+    assert len(ids) == len(set(ids)), "a start command was appended twice"
+    keys = [(s.data.node_id, s.data.instance_id, s.caused_by.id, s.data.attempt) for s in starts]
+    assert len(keys) == len(set(keys)), f"the same start was decided twice: {keys}"
+    # n1 and n2 each: one first start, and one restart for the faulted node.
+    assert len(starts) == 3, [(s.source, s.data.node_id, s.caused_by.id) for s in starts]
+    status, body = await c2.get("/readiness")
+    assert status == 200 and body["term"] == 2
+
+
+# --------------------------------------------------------------------------- in-process
+
+
+def cfg(**controller: Any) -> Any:
+    return config_from_dict({"union": {"instances": 3}, "controller": {**CONTROLLER, **controller}})
+
+
+def registration(node: str, ip: str) -> NodeRegistered:
+    ep = EndpointSpec(id=0, ip=ip, business_port=9100, mgmt_port=9100)
+    data = NodeRegisteredData(
+        node_id=node,
+        job_name="motor",
+        pod_ip=ip,
+        role=Role.UNION,
+        engine_type="builtin",
+        model="motor-sim",
+        endpoints=(ep,),
+    )
+    return NodeRegistered(id=new_id(), ts=time.time(), source=f"test/{node}", data=data)
+
+
+async def fold_all(nc: Client, until_seq: int) -> ClusterState:
+    s = ClusterState()
+    async for rec in read_range(nc, until_seq=until_seq):
+        s = apply(s, rec.event, rec.seq)
+    return s
+
+
+@contextlib.asynccontextmanager
+async def running(service: ControllerService) -> AsyncIterator[ControllerService]:
+    stop = asyncio.Event()
+    task = asyncio.create_task(service.run(stop))
+    try:
+        await asyncio.wait_for(service.caught_up.wait(), 30)
+        yield service
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 30)
+
+
+async def wait_for(pred: Any, within: float = 20.0) -> None:
+    deadline = time.monotonic() + within
+    while not pred():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.05)  # in-process state, nothing to await on
+
+
+async def test_checkpoint_then_tail_gives_the_state_of_a_full_replay(
+    nats_server: EmbeddedNats, nc: Client, js: JetStreamContext
+) -> None:
+    pub = Publisher(js)
+    config = cfg(checkpoint_every=3)
+    for i in range(3):
+        await pub.publish(registration(f"n{i}", f"10.1.0.{i}"))
+    async with running(ControllerService(config, controller_id="c1", nats_urls=[nats_server.url])) as svc:
+        await wait_for(lambda: svc.leader and len(svc.state.instances) == 3 and svc.checkpoint_seq > 0)
+        saved = svc.checkpoint_seq
+    cp = await load_checkpoint(js, "controller")
+    assert cp is not None and cp.last_seq >= saved  # a later one may have landed before the stop
+    saved = cp.last_seq
+    await pub.publish(registration("late", "10.1.0.9"))  # the tail
+    svc2 = ControllerService(config, controller_id="c2", nats_urls=[nats_server.url])
+    async with running(svc2):
+        assert not svc2.fold.complete  # started from the checkpoint, not from seq 1
+        await wait_for(lambda: "late" in svc2.state.nodes and svc2.leader)
+        snapshot = svc2.state
+        assert snapshot.nodes["late"].registered_seq > saved
+        want = state_to_dict(await fold_all(nc, snapshot.last_seq))
+        got = state_to_dict(snapshot)
+        for s in (want, got):
+            s.pop("events_applied")  # the checkpoint counted events we did not replay
+        assert got == want
+
+
+async def test_a_deposed_leaders_late_write_fails_on_the_subject_guard(
+    nats_server: EmbeddedNats, nc: Client, js: JetStreamContext
+) -> None:
+    pub = Publisher(js)
+    await pub.publish(registration("n1", "10.2.0.1"))
+    config = cfg()
+    async with running(ControllerService(config, controller_id="old", nats_urls=[nats_server.url])) as svc:
+        await wait_for(lambda: 1 in svc.state.instances)
+        stale = svc.state  # what the deposed leader decided on
+    inst = stale.instances[1]
+    # A newer leader moved the instance on meanwhile.
+    ctx_new = Ctx.build(stale, config, time.time(), source="controller/new")
+    await pub.publish(ctx_new.state_change(inst, InstanceState.ISOLATED, Cause(0, "x", "newer leader")).event)
+    fold = Fold(stale)
+    async for rec in read_range(nc, until_seq=stale.last_seq):
+        fold.subject_seq[rec.subject] = rec.seq
+    appender = Appender(js, fold, ControllerMetrics("old"))
+    late: Decision = Ctx.build(stale, config, time.time(), source="controller/old").state_change(
+        inst, InstanceState.TERMINATED, Cause(0, "y", "late write")
+    )
+    assert await appender.append([late], lambda: True) == 0
+    assert appender.metrics.registry.get_sample_value("motor_controller_append_conflicts_total") == 1
+    ids = [rec.event.id async for rec in read_range(nc)]
+    assert late.id not in ids
+    # And a controller whose lease lapsed does not even try.
+    assert await appender.append([late], lambda: False) == 0
