@@ -71,6 +71,22 @@ async def test_union_json_and_stream_match_direct(coord: Coordinator, engine: En
         assert d1["choices"][0]["text"] == d2["choices"][0]["text"]
 
 
+async def test_embeddings_pass_through(coord: Coordinator, engine: Engine) -> None:
+    body = {"model": MODEL, "input": "a sentence to embed"}
+    async with aiohttp.ClientSession() as s:
+        st, direct, _ = await post(s, f"{engine.url}/v1/embeddings", body)
+        st2, via, _ = await post(s, f"{coord.url}/v1/embeddings", body)
+    assert st == st2 == 200
+    assert via["data"][0]["embedding"] == direct["data"][0]["embedding"]
+
+
+async def test_anthropic_bad_body_names_the_field(coord: Coordinator) -> None:
+    async with aiohttp.ClientSession() as s:
+        st, err, _ = await post(s, f"{coord.url}/v1/messages", {"model": MODEL, "messages": []})
+    assert st == 400
+    assert "max_tokens" in err["error"]["message"]
+
+
 async def test_models_lists_served_model(coord: Coordinator) -> None:
     async with aiohttp.ClientSession() as s, s.get(f"{coord.url}/v1/models") as r:
         assert r.status == 200
