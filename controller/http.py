@@ -12,12 +12,14 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Annotated, Any
 
+import orjson
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from controller.service import ControllerService
 from controller.views import alarms_view, instances_view, nodes_view
+from core.state import state_to_dict
 
 log = logging.getLogger(__name__)
 
@@ -112,5 +114,10 @@ def create_app(
     @app.get("/v1/alarms")
     async def alarms(svc: Service) -> Any:
         return {"seq": svc.state.last_seq, **alarms_view(svc.state)}
+
+    @app.get("/debug/state")
+    async def debug_state(svc: Service) -> Response:
+        """The whole folded state as `motor replay --json` prints it (to compare the two)."""
+        return Response(orjson.dumps(state_to_dict(svc.state)), media_type="application/json")
 
     return app
