@@ -57,9 +57,11 @@ def _run(args: argparse.Namespace) -> int:
     try:
         import uvloop
 
-        uvloop.run(main())
-    except ImportError:
-        asyncio.run(main())
+        runner: Any = uvloop.run
+    except ImportError:  # no uvloop on this platform: the stdlib loop works, only slower
+        runner = asyncio.run
+    try:
+        runner(main())
     except (StreamsError, OSError) as exc:
         print(f"coordinator: {exc}", file=sys.stderr)
         return 1
