@@ -1,0 +1,168 @@
+"""A `motor up`-style cluster for whole-cluster tests: real processes on free ports."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import socket
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from core.config import ClusterConfig, config_from_dict
+from core.events import InstanceState, Role
+from core.state import ClusterState
+from deploy.cluster import LocalCluster, Ports
+from deploy.watch import StateWatcher
+
+
+def _free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_ports(n_nodes: int) -> Ports:
+    """A block of ports no one listens on: NATS, coordinator, controllers, agents, engines."""
+    for _ in range(200):
+        base = random.randrange(20000, 50000, 1000)
+        candidates = [base + i for i in range(10)] + [base + 100 + i for i in range(n_nodes)]
+        engines = [base + 200 + i * 10 + j for i in range(n_nodes) for j in range(3)]
+        if all(_free(p) for p in candidates + engines):
+            return Ports(
+                nats=base,
+                nats_monitor=base + 1,
+                coordinator=base + 2,
+                controller=base + 3,  # and base + 4 for the standby
+                nodeagent=base + 100,
+                engine=base + 200,
+                engine_stride=10,
+            )
+    raise RuntimeError("no free port block found")
+
+
+def test_config(**overrides: Any) -> ClusterConfig:
+    """The default cluster (one union instance, one 1P1D pair) with test-speed timeouts."""
+    raw: dict[str, Any] = {
+        "controller": {
+            "heartbeat_timeout": 4.0,
+            "terminate_after": 30.0,
+            "start_timeout": 20.0,
+            "lease_ttl": 3.0,
+            "tick_interval": 0.2,
+            "recovery_timeout": 60.0,
+        },
+        "nodeagent": {"heartbeat_interval": 0.5},
+        "union": {"instances": 1, "engine_type": "builtin", "health_check_config": {"interval": 0.3}},
+        "prefill": {
+            "instances": 1,
+            "engine_type": "builtin",
+            "dispatch_profile": "handoff",
+            "health_check_config": {"interval": 0.3},
+        },
+        "decode": {
+            "instances": 1,
+            "engine_type": "builtin",
+            "dispatch_profile": "handoff",
+            "health_check_config": {"interval": 0.3},
+        },
+        "coordinator": {"retries": 3, "breaker": {"failures": 2, "backoff_initial": 2.0, "backoff_max": 5.0}},
+    }
+    for key, value in overrides.items():
+        raw[key] = {**raw.get(key, {}), **value} if isinstance(value, dict) else value
+    return config_from_dict(raw, "<e2e>")
+
+
+class Harness:
+    """The running cluster plus a live fold of its log."""
+
+    def __init__(self, cluster: LocalCluster, watcher: StateWatcher, nc: Any) -> None:
+        self.cluster = cluster
+        self.watcher = watcher
+        self.nc = nc
+
+    @property
+    def state(self) -> ClusterState:
+        return self.watcher.state
+
+    @property
+    def base_url(self) -> str:
+        return self.cluster.coordinator_url + "/v1"
+
+    async def wait_for(self, what: str, pred: Callable[[ClusterState], bool], within: float = 60.0) -> None:
+        """Poll the folded state until `pred` holds; fail naming `what` and the logs."""
+        deadline = time.monotonic() + within
+        while time.monotonic() < deadline:
+            if pred(self.state):
+                return
+            dead = self.cluster.exited()
+            if dead:
+                names = ", ".join(f"{c.name} (exit {c.proc.returncode if c.proc else '?'})" for c in dead)
+                raise AssertionError(f"while waiting for {what}: {names} exited; logs in {self.cluster.logs}")
+            await asyncio.sleep(0.1)
+        raise AssertionError(f"timed out after {within}s waiting for {what}; logs in {self.cluster.logs}")
+
+    def instance_of(self, role: Role) -> int:
+        ids = [i for i, rec in self.state.instances.items() if rec.spec.role == role]
+        assert ids, f"no {role} instance"
+        return min(ids)
+
+    def active(self, iid: int) -> bool:
+        rec = self.state.instances.get(iid)
+        return rec is not None and rec.state == InstanceState.ACTIVE
+
+    def engine_port(self, iid: int) -> int:
+        rec = self.state.instances[iid]
+        node = self.state.nodes[rec.spec.members[0].node_id]
+        return node.reg.endpoints[0].business_port
+
+
+def engine_pid(port: int) -> int:
+    """The pid of the engine process serving `port` (found by its command line)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"engine" in argv and b"--port" in argv:
+            i = argv.index(b"--port")
+            if i + 1 < len(argv) and argv[i + 1] == str(port).encode():
+                return int(entry.name)
+    raise AssertionError(f"no engine process on port {port}")
+
+
+@pytest.fixture(scope="module")
+async def harness(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Harness]:
+    from streams.connection import connect
+
+    root = tmp_path_factory.mktemp("motor-up")
+    cfg = test_config()
+    nodes = 4  # one spare: a replaced node has somewhere to go
+    cluster = LocalCluster(
+        cfg, root=root, ports=free_ports(nodes), nodes=nodes, extra_env={"PYTHONPATH": os.getcwd()}
+    )
+    await cluster.start()
+    nc = await connect(cluster.url, name="e2e")
+    watcher = StateWatcher(nc)
+    await watcher.start()
+    h = Harness(cluster, watcher, nc)
+    try:
+        await h.wait_for(
+            "three ACTIVE instances (union, prefill, decode)",
+            lambda s: sum(1 for i in s.instances.values() if i.state == InstanceState.ACTIVE) >= 3,
+            within=90,
+        )
+        yield h
+    finally:
+        await watcher.stop()
+        await nc.close()
+        await cluster.stop()
