@@ -36,7 +36,14 @@ class _Plan:
         self.next_id = ctx.state.next_instance_id
         self.out: list[Decision] = []
         self.terminated = False
-        self.by_order = sorted(ctx.state.nodes.values(), key=lambda n: n.order)
+        self._by_order: list[NodeRecord] | None = None
+
+    @property
+    def by_order(self) -> list[NodeRecord]:
+        # Sorted only when a role is short: with 10k registered nodes this is most of a tick.
+        if self._by_order is None:
+            self._by_order = sorted(self.ctx.state.nodes.values(), key=lambda n: n.order)
+        return self._by_order
 
     def free(self, role: Role, sec: EngineSection) -> list[NodeRecord]:
         return [

@@ -27,29 +27,32 @@ def decide(
 ) -> list[Decision]:
     """What the controller appends next, given the state folded so far and the time."""
     ctx = Ctx.build(state, cfg, now, source)
-    out: list[Decision] = []
-    busy: set[int] = set()
     # A batch is appended in order and `motor replay --verify` re-derives each decision on the
-    # state after the ones before it, so a decision must not be invalidated by an earlier one
-    # in its batch: rules that could be (other members of a P/D group whose alarm a
-    # termination drops, assembly after anything that frees or unblocks nodes) wait a round.
-    held: set[int] = set()
+    # state after the ones before it, so no decision may be invalidated by folding an earlier
+    # one of its batch. Whatever a pending replacement (isolate now, terminate next round)
+    # would upset waits for it: the other half of its P/D group (the termination drops their
+    # alarm) and assembly (it frees nodes).
+    replacing = {
+        iid
+        for iid, inst in state.instances.items()
+        if replace_cause(ctx, inst, [state.nodes.get(n) for n in inst.node_ids]) is not None
+    }
+    held = {i for iid in replacing for a in ctx.idx.alarms_by_instance.get(iid, ()) for i in _group(a.data)}
+    held -= replacing
+    out: list[Decision] = []
+    busy: set[int] = set(held)
     moved: set[int] = set()  # instances whose members or commands change in this batch
     for iid in sorted(state.instances):
         if iid in held:
             continue
         mine = reconcile(ctx, state.instances[iid])
-        if not mine:
-            continue
-        busy.add(iid)
-        out += mine
-        if any(_moves(d) for d in mine):
-            moved.add(iid)
-        if any(_terminates(d) for d in mine):
-            held |= {i for a in ctx.idx.alarms_by_instance.get(iid, ()) for i in _group(a.data)}
-    busy |= held
+        if mine:
+            busy.add(iid)
+            out += mine
+            if any(_moves(d) for d in mine):
+                moved.add(iid)
     out += cleanup(ctx, moved | held)
-    if not any(_frees(d) for d in out) and not _replacing(ctx):
+    if not replacing and not any(_frees(d) for d in out):
         out += assemble(ctx, busy)
     # Last, and only for instances nothing else touched: heartbeat moves never gate the others.
     out += liveness(ctx, busy)
@@ -64,19 +67,6 @@ def _frees(d: Decision) -> bool:
     """Changes which nodes are free or healthy, or which instance ScaleP2D may take."""
     kinds = ("fault.cleared", "fault.reported", "precision.alarm_cleared")
     return _terminates(d) or d.event.type in kinds  # type: ignore[attr-defined]
-
-
-def _replacing(ctx: Ctx) -> bool:
-    """An instance is on its way to termination (isolated first, terminated next round).
-
-    Assembly waits for it: a decision must still hold after the ones before it in its batch
-    are folded, and the termination those lead to frees nodes assembly would choose from.
-    """
-    state = ctx.state
-    return any(
-        replace_cause(ctx, inst, [state.nodes.get(n) for n in inst.node_ids]) is not None
-        for inst in state.instances.values()
-    )
 
 
 def _moves(d: Decision) -> bool:

@@ -31,6 +31,12 @@ class ControllerMetrics:
             "Age of the newest folded event when it was folded",
             registry=r,
         )
+        self.hb_lag = Histogram(
+            "motor_controller_heartbeat_lag_seconds",
+            "Heartbeat age when folded (its publisher's clock to ours)",
+            buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0),
+            registry=r,
+        )
         self.decisions = Counter(
             "motor_controller_decisions_total", "Decisions appended to the log", ["type"], registry=r
         )

@@ -78,6 +78,9 @@ class ControllerService:
         self._lease: Lease | None = None
         self._appender: Appender | None = None
         self._nc: Client | None = None
+        # Loops also check this: a client library that turns a cancellation into its own
+        # error (seen with request timeouts) must not keep a loop alive after `stop`.
+        self._stopping = False
 
     @property
     def state(self) -> ClusterState:
@@ -131,6 +134,7 @@ class ControllerService:
                         exc = t.exception()
                         raise exc if exc is not None else StreamsError(f"{t.get_name()} ended")
             finally:
+                self._stopping = True
                 every = [stopper, catching_up, *loops]
                 for t in every:
                     t.cancel()
@@ -165,9 +169,13 @@ class ControllerService:
     async def _follow_hb(self, follower: Follower) -> None:
         fold = self.fold
         counter = self.metrics.events.labels(HB_STREAM)
+        lag = self.metrics.hb_lag
+        caught_up = follower.caught_up
         async for rec in follower:
             fold.heartbeat(rec)
             counter.inc()
+            if caught_up.is_set():  # the replay of old heartbeats is not lag
+                lag.observe(max(0.0, time.time() - rec.event.ts))
         raise StreamsError("MOTOR_HB follower ended")
 
     async def _wait_caught_up(self, motor: Follower, hb: Follower) -> None:
@@ -191,7 +199,7 @@ class ControllerService:
         ttl = self.cfg.controller.lease_ttl
         renew_in = ttl / 2
         await self.caught_up.wait()
-        while True:
+        while not self._stopping:
             if not self.leader:
                 s = self.fold.state
                 if await lease.acquire(term=(s.leader.term if s.leader else 0) + 1):
@@ -257,7 +265,7 @@ class ControllerService:
         tick = self.cfg.controller.tick_interval
         changed = self.fold.changed
         await self.caught_up.wait()
-        while True:
+        while not self._stopping:
             # asyncio.timeout, not wait_for: 3.11's wait_for can swallow a cancellation that
             # races with the event, and this loop would then never end.
             with contextlib.suppress(TimeoutError):
