@@ -1,0 +1,144 @@
+"""Union on real vLLM: assembled by the controller, launched by a node agent, served through
+the coordinator to the `openai` SDK; then the engine is killed -9 and comes back by itself.
+
+The cluster is module-scoped and the tests run in file order: the kill test reuses it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import openai
+import pytest
+
+from core.events import InstanceState, Role
+from tests.real.cluster import RealCluster, cluster_config, engine_pid, real_cluster
+from tests.real.conftest import MAX_TOKENS, PD_PROMPTS, Timings
+from tests.real.vllm_proc import STARTUP_TIMEOUT, engine_section
+
+pytestmark = [pytest.mark.real, pytest.mark.timeout(1800)]
+
+CHAT = [{"role": "user", "content": "Tell me about the event log of a control plane"}]
+
+
+@pytest.fixture(scope="module")
+async def union(
+    tmp_path_factory: pytest.TempPathFactory, tiny_model: Path, timings: Timings
+) -> AsyncIterator[RealCluster]:
+    raw = cluster_config(union={**engine_section(tiny_model), "instances": 1})
+    async with real_cluster(tmp_path_factory.mktemp("union"), raw, nodes=1) as rc:
+        took = await rc.wait_for(
+            "the union instance ACTIVE", lambda s: rc.active(Role.UNION), STARTUP_TIMEOUT
+        )
+        timings.add("union cluster: start-up to ACTIVE (vLLM load included)", took)
+        yield rc
+        t0 = time.monotonic()
+    timings.add("union cluster: stop (engine included)", time.monotonic() - t0)
+
+
+def sdk(rc: RealCluster) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=rc.base_url, api_key="none", max_retries=0, timeout=300)
+
+
+async def test_union_serves_chat_and_completions_through_the_coordinator(
+    union: RealCluster, timings: Timings, reference: dict[str, str]
+) -> None:
+    client = sdk(union)
+    try:
+        with timings.phase("union cluster: SDK requests"):
+            models = [m.id async for m in client.models.list()]
+            assert "tiny" in models
+            comp = await client.completions.create(
+                model="tiny", prompt="Hello, the controller", max_tokens=MAX_TOKENS
+            )
+            assert comp.choices[0].text and comp.usage is not None
+            assert comp.usage.completion_tokens == MAX_TOKENS
+            streamed = [
+                ch.choices[0].text
+                async for ch in await client.completions.create(
+                    model="tiny",
+                    prompt="Hello, the controller",
+                    max_tokens=MAX_TOKENS,
+                    temperature=0,
+                    stream=True,
+                )
+                if ch.choices
+            ]
+            plain = await client.completions.create(
+                model="tiny", prompt="Hello, the controller", max_tokens=MAX_TOKENS, temperature=0
+            )
+            assert "".join(streamed) == plain.choices[0].text
+            chat = await client.chat.completions.create(
+                model="tiny", messages=CHAT, max_tokens=MAX_TOKENS, temperature=0
+            )
+            assert chat.choices[0].message.content
+            pieces = [
+                ch.choices[0].delta.content or ""
+                async for ch in await client.chat.completions.create(
+                    model="tiny", messages=CHAT, max_tokens=MAX_TOKENS, temperature=0, stream=True
+                )
+                if ch.choices
+            ]
+            assert "".join(pieces) == chat.choices[0].message.content
+            # Greedy answers for the P/D tests to compare against.
+            for prompt in PD_PROMPTS:
+                r = await client.completions.create(
+                    model="tiny", prompt=prompt, max_tokens=MAX_TOKENS, temperature=0
+                )
+                reference[prompt] = r.choices[0].text
+    finally:
+        await client.close()
+    # The node agent launched the real vLLM, whose ZMQ sockets live in the engine's own dir.
+    assert "-m vllm.entrypoints.cli.main serve" in union.engine_log(Role.UNION)
+    rpc = Path(tempfile.gettempdir()) / "motor-vllm" / f"127.0.0.1-{union.engine_port(Role.UNION)}" / "rpc"
+    assert any(rpc.iterdir()), f"no vLLM sockets in {rpc}"
+
+
+async def test_kill9_engine_reported_dead_and_restarted(
+    union: RealCluster, timings: Timings, reference: dict[str, str]
+) -> None:
+    assert union.active(Role.UNION)
+    iid = union.instances(Role.UNION)[0]
+    pid = engine_pid(union.engine_port(Role.UNION))
+    mark = union.tail.index()
+    t0 = time.monotonic()
+    os.kill(pid, signal.SIGKILL)
+    dead = await union.wait_dead(after=mark, within=30)
+    dead_s = time.monotonic() - t0
+    timings.add("kill -9: engine reported DEAD after", dead_s)
+    assert dead.data.exit_code == -signal.SIGKILL and "SIGKILL" in dead.data.reason
+    assert dead_s < 10  # the agent awaits its child's exit: no health timeout involved
+    await union.wait_for(
+        "the instance to leave ACTIVE", lambda s: s.instances[iid].state != InstanceState.ACTIVE, 60
+    )
+    took = await union.wait_for(
+        "the instance ACTIVE again", lambda s: s.instances[iid].state == InstanceState.ACTIVE, STARTUP_TIMEOUT
+    )
+    timings.add("kill -9: restart to ACTIVE again (vLLM reload included)", took)
+    assert engine_pid(union.engine_port(Role.UNION)) != pid
+    client = sdk(union)
+    try:
+        prompt = PD_PROMPTS[0]
+        # Routing may lag the ACTIVE event by a heartbeat; the SDK's own retry covers that gap.
+        for attempt in range(30):
+            try:
+                r = await client.completions.create(
+                    model="tiny", prompt=prompt, max_tokens=MAX_TOKENS, temperature=0
+                )
+                break
+            except openai.APIStatusError:
+                if attempt == 29:
+                    raise
+                await asyncio.sleep(1.0)
+        if prompt in reference:
+            assert r.choices[0].text == reference[prompt]  # same weights, same greedy answer
+        else:
+            assert r.choices[0].text
+    finally:
+        await client.close()
