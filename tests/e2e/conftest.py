@@ -83,10 +83,18 @@ def test_config(**overrides: Any) -> ClusterConfig:
 class Harness:
     """The running cluster plus a live fold of its log."""
 
-    def __init__(self, cluster: LocalCluster, watcher: StateWatcher, nc: Any) -> None:
+    def __init__(self, cluster: LocalCluster, nc: Any) -> None:
         self.cluster = cluster
-        self.watcher = watcher
         self.nc = nc
+        self.log: list[Any] = []  # every MOTOR record folded so far
+        self.watcher = StateWatcher(nc, on_event=self.log.append)
+
+    def seen(self, etype: str, **match: Any) -> bool:
+        """Whether the log holds an event of `etype` whose data has the `match` values."""
+        return any(
+            r.event.type == etype and all(getattr(r.event.data, k) == v for k, v in match.items())
+            for r in self.log
+        )
 
     @property
     def state(self) -> ClusterState:
@@ -107,7 +115,11 @@ class Harness:
                 names = ", ".join(f"{c.name} (exit {c.proc.returncode if c.proc else '?'})" for c in dead)
                 raise AssertionError(f"while waiting for {what}: {names} exited; logs in {self.cluster.logs}")
             await asyncio.sleep(0.1)
-        raise AssertionError(f"timed out after {within}s waiting for {what}; logs in {self.cluster.logs}")
+        tail = [(r.seq, r.event.type) for r in self.log[-8:]]
+        raise AssertionError(
+            f"timed out after {within}s waiting for {what}; folded up to seq {self.state.last_seq} "
+            f"(watcher {self.watcher.health()}), last events {tail}; logs in {self.cluster.logs}"
+        )
 
     def instance_of(self, role: Role) -> int:
         ids = [i for i, rec in self.state.instances.items() if rec.spec.role == role]
@@ -152,9 +164,9 @@ async def harness(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Har
     )
     await cluster.start()
     nc = await connect(cluster.url, name="e2e")
-    watcher = StateWatcher(nc)
+    h = Harness(cluster, nc)
+    watcher = h.watcher
     await watcher.start()
-    h = Harness(cluster, watcher, nc)
     try:
         await h.wait_for(
             "three ACTIVE instances (union, prefill, decode)",

@@ -152,10 +152,14 @@ async def test_kill_engine_requests_keep_succeeding_and_instance_recovers(harnes
 async def test_precision_alarm_isolates_group_then_clears(harness: Harness) -> None:
     h = harness
     d_id, p_id = h.instance_of(Role.DECODE), h.instance_of(Role.PREFILL)
-    motor(
+    raised = await motor(
         h, "precision", "raise", "--d-instance", str(d_id), "--p-instance", str(p_id), "--reason", "e2e drill"
     )
-    await h.wait_for("alarm folded", lambda s: d_id in s.alarms, within=30)
+    await h.wait_for(
+        f"the alarm in the log ({raised.stdout.strip()})",
+        lambda s: h.seen("precision.alarm_raised", d_instance_id=d_id),
+        within=30,
+    )
     # The group is excluded (and restarted): requests are served by the union instance; the
     # prefill engine serves none of them, whether it is the same process or a restarted one.
     p_port = h.engine_port(p_id)
@@ -167,10 +171,16 @@ async def test_precision_alarm_isolates_group_then_clears(harness: Harness) -> N
         assert after == before, "a request reached the alarmed P/D group"
     elif pid_after is not None:
         assert d_id not in h.state.alarms or after == 0, "a request reached the alarmed P/D group"
-    # The controller recovers the group and clears the alarm itself.
+    # The controller isolates the group, recovers it and clears the alarm itself.
     await h.wait_for(
-        "alarm cleared and the group ACTIVE again",
-        lambda s: d_id not in s.alarms and h.active(d_id) and h.active(p_id),
+        "alarm cleared by the controller and the group ACTIVE again",
+        lambda s: (
+            h.seen("precision.alarm_cleared", d_instance_id=d_id)
+            and h.seen("instance.state_changed", instance_id=d_id, state=InstanceState.ISOLATED)
+            and d_id not in s.alarms
+            and h.active(d_id)
+            and h.active(p_id)
+        ),
         within=90,
     )
 
@@ -191,9 +201,9 @@ async def test_hardware_fault_replaces_node_and_explain_names_it(harness: Harnes
         within=90,
     )
     assert all(await asyncio.gather(*(chat(h) for _ in range(3))))
-    explained = await motor(h, "replay", "--explain", "node", node).stdout
+    explained = (await motor(h, "replay", "--explain", "node", node)).stdout
     assert "fault.reported L5 CardUnhealthy on " + node in explained
-    explained_inst = await motor(h, "replay", "--explain", "instance", str(u_id)).stdout
+    explained_inst = (await motor(h, "replay", "--explain", "instance", str(u_id))).stdout
     assert "CardUnhealthy" in explained_inst, explained_inst
     await motor(h, "fault", "clear", "--node", node)
     await h.wait_for("fault cleared", lambda s: not s.node_faults(node), within=30)
@@ -207,7 +217,9 @@ async def test_replay_reproduces_live_controller_state(harness: Harness, tmp_pat
     seq = live["last_seq"]
     export = tmp_path / "incident.jsonl"
     await motor(h, "events", "export", str(export))
-    replayed = await motor(h, "replay", "--from-file", str(export), "--until-seq", str(seq), "--json").stdout
+    replayed = (
+        await motor(h, "replay", "--from-file", str(export), "--until-seq", str(seq), "--json")
+    ).stdout
     import orjson
 
     state = orjson.loads(replayed[replayed.index("{") :])
@@ -219,7 +231,7 @@ async def test_replay_reproduces_live_controller_state(harness: Harness, tmp_pat
             for key in ("last_hb_ts", "load", "last_hb_id"):
                 n.pop(key)
     assert state == live
-    verify = motor(
+    verify = await motor(
         h, "replay", "--from-file", str(export), "--verify", "--config", str(h.cluster.root / "cluster.json")
     )
     assert " 0 differ" in verify.stdout, verify.stdout
