@@ -52,7 +52,8 @@ class StateWatcher:
             if t.done() and not t.cancelled() and t.exception() is not None:
                 return f"failed: {t.exception()!r}"
         detail = ", ".join(
-            f"{f.stream}: seq {f.last_seq}, {f.transport or 'not started'}, {f.resets} resets" for f in self._followers
+            f"{f.stream}: seq {f.last_seq}, {f.transport or 'not started'}, {f.resets} resets"
+            for f in self._followers
         )
         return f"following ({detail})"
 
