@@ -21,8 +21,21 @@ up *ARGS:
     {{python}} -m deploy.cli up {{ARGS}}
 
 # The fast suite: unit, integration (real nats-server) and e2e (whole local cluster).
-test *ARGS:
+test *ARGS: test-deps
     {{python}} -m pytest -q {{ARGS}}
+
+# Install Debian's chromium when missing (the e2e test opens the replay timeline in it).
+test-deps:
+    #!/usr/bin/env bash
+    set -euo pipefail
+    command -v chromium >/dev/null && exit 0
+    if [ "$(id -u)" != 0 ]; then
+        echo "just test needs Debian's chromium: run 'sudo apt-get install -y chromium' first" >&2
+        exit 1
+    fi
+    echo "installing chromium (Debian) for the timeline test…"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
 
 # ruff and mypy over every package.
 lint:
