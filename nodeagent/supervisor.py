@@ -163,11 +163,15 @@ class EngineProcess:
             self._exit.set_result(Exit(code, describe_exit(code)))
 
     async def stop(self, grace: float) -> Exit:
-        """SIGTERM the main process, then its group; SIGKILL the group after `grace` seconds."""
+        """SIGTERM the main process, then its group; SIGKILL the group after `grace` seconds.
+
+        The main process alone first: vLLM's API server then shuts its engine core and workers
+        down in order, where a group-wide SIGTERM kills them under it (EngineDeadError, force
+        kills). The group gets SIGTERM once the main process is gone, for whatever is left.
+        """
         if not self.exited:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(self.pid, signal.SIGTERM)
-        signal_group(self.pgid, signal.SIGTERM)
         try:
             await asyncio.wait_for(self.wait(), grace)
         except TimeoutError:

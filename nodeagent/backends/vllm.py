@@ -40,7 +40,9 @@ HANDOFF_CONNECTORS = frozenset(
     }
 )
 # Connectors whose P/D examples run both sides as `kv_both` (they pull and serve KV alike).
-KV_BOTH_CONNECTORS = frozenset({"nixlconnector", "exampleconnector", "sharedstorageconnector"})
+# Not NixlConnector: since vLLM 0.32 `kv_both` is deprecated for it (prefill `kv_producer`,
+# decode `kv_consumer`; seen in the real engine's start-up warning).
+KV_BOTH_CONNECTORS = frozenset({"exampleconnector", "sharedstorageconnector"})
 MULTI_CONNECTOR = "multiconnector"
 
 # Keys Motor owns or injects per endpoint; a user value for them is not passed through.

@@ -37,8 +37,8 @@ def work_root(ctx: LaunchContext) -> PurePosixPath:
 
 
 def is_local_path(model: str) -> bool:
-    """A filesystem path rather than a hub id (`org/name` never starts like these)."""
-    return model.startswith(("/", "./", "../", "~"))
+    """A filesystem path rather than a hub id (`org/name`: no leading `/`, `.` or `~`)."""
+    return model.startswith(("/", ".", "~"))
 
 
 def nixl_side_channel_port(ctx: LaunchContext) -> int:

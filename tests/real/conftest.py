@@ -50,6 +50,19 @@ class Timings:
 _TIMINGS = Timings()
 
 
+# The union phase records the greedy reference answers the P/D phases compare against; run
+# it first so they need no extra engine of their own.
+_MODULE_ORDER = ("test_vllm_union", "test_vllm_pd")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        name = item.module.__name__.rsplit(".", 1)[-1] if item.module else ""
+        return _MODULE_ORDER.index(name) if name in _MODULE_ORDER else len(_MODULE_ORDER)
+
+    items.sort(key=rank)  # stable: file order within a module is kept
+
+
 @pytest.fixture(scope="session")
 def timings() -> Timings:
     return _TIMINGS

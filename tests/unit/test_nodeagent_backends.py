@@ -221,8 +221,9 @@ def test_vllm_model_defaults_to_served_name_and_launcher_overrides_program() -> 
         ("P2pNcclConnector", Role.PREFILL, "kv_producer"),
         ("P2pNcclConnector", Role.DECODE, "kv_consumer"),
         ("MooncakeConnector", Role.PREFILL, "kv_producer"),
-        ("NixlConnector", Role.PREFILL, "kv_both"),
-        ("NixlConnector", Role.DECODE, "kv_both"),
+        ("NixlConnector", Role.PREFILL, "kv_producer"),
+        ("NixlConnector", Role.DECODE, "kv_consumer"),
+        ("ExampleConnector", Role.DECODE, "kv_both"),
         ("LMCacheConnectorV1", Role.UNION, "kv_both"),
     ],
 )

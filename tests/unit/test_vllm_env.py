@@ -43,7 +43,14 @@ def test_socket_dir_leaves_room_for_zmq_ipc_names() -> None:
 
 @pytest.mark.parametrize(
     ("model_path", "offline"),
-    [("/models/tiny", True), ("./tiny", True), ("~/m", True), ("Qwen/Qwen3-8B", False), (None, False)],
+    [
+        ("/models/tiny", True),
+        ("./tiny", True),
+        (".models/tiny", True),
+        ("~/m", True),
+        ("Qwen/Qwen3-8B", False),
+        (None, False),
+    ],
 )
 def test_local_model_path_turns_the_hub_off(model_path: str | None, offline: bool) -> None:
     env, _ = launch_env(model_path=model_path)
