@@ -147,7 +147,7 @@ async def _run_up(cluster: Any, *, live: bool) -> int:
                 if not announced and active > 0:
                     announced = True
                     took = time.monotonic() - t0
-                    console.print(_urls(cluster, state, took))
+                    console.print(_urls(cluster, state, took), soft_wrap=True)
                 if lv is not None:
                     lv.update(status_table(state, time.time()))
                 elif time.monotonic() - last_line > 5:
