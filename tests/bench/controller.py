@@ -114,6 +114,7 @@ def workload(n: int, nodes: int, seed: int = 11) -> Iterator[EventBase]:
         )
         yield InstanceAssembled(id=derive_id("bench-asm", k), ts=ts, source="controller/bench", data=data)
         produced += 1
+    open_faults: list[tuple[str, str]] = []  # bounded: operators clear what they report
     i = 0
     while produced < n:
         i += 1
@@ -137,16 +138,14 @@ def workload(n: int, nodes: int, seed: int = 11) -> Iterator[EventBase]:
                 source=f"nodeagent/{node}",
                 data=CommandAppliedData(command_id=derive_id("cmd", i), node_id=node, verb="start"),
             )
-        elif roll < 0.95:
+        elif roll < 0.95 or not open_faults:
             data_f = FaultReportedData(fault_id=f"f{i}", node_id=node, level="L2", code="Transient")  # type: ignore[arg-type]
             ev = FaultReported(id=eid, ts=ts, source="operator/bench", data=data_f)
+            open_faults.append((f"f{i}", node))
         else:
-            ev = FaultCleared(
-                id=eid,
-                ts=ts,
-                source="operator/bench",
-                data=FaultClearedData(fault_id=f"f{i - rng.randrange(1, 400)}", node_id=node),
-            )
+            fid, fnode = open_faults.pop(rng.randrange(len(open_faults)))
+            data_c = FaultClearedData(fault_id=fid, node_id=fnode)
+            ev = FaultCleared(id=eid, ts=ts, source="operator/bench", data=data_c)
         yield ev
         produced += 1
 
@@ -159,8 +158,8 @@ async def publish_all(nc: Any, events: Iterator[EventBase], total: int) -> float
     before = await stream_last_seq(nc)
     for k, ev in enumerate(events, 1):
         await nc.publish(subjects.for_event(ev), encode(ev))
-        if k % 20000 == 0:
-            await nc.flush()
+        if k % 2000 == 0:
+            await nc.flush()  # keep the server ahead of us
     await nc.flush()
     deadline = time.monotonic() + 600
     while await stream_last_seq(nc) < before + total:
