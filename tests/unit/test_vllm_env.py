@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import tempfile
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from core.config import EngineSection
+from core.config import EngineSection, parse_config
 from core.events import EndpointSpec, Role
 from nodeagent.backends import LaunchContext, backend_for
 
@@ -99,3 +100,24 @@ def test_the_sections_env_wins_and_its_dirs_are_not_created() -> None:
     )
     assert "VLLM_RPC_BASE_PATH" not in env and "UCX_TLS" not in env
     assert dirs == (env["VLLM_CACHE_ROOT"],)
+
+
+@pytest.mark.parametrize("name", ["vllm-cpu.yaml", "vllm-cpu-pd.yaml"])
+def test_cpu_example_configs_launch_the_vllm_venv_offline(name: str) -> None:
+    path = Path(__file__).resolve().parents[2] / "examples" / name
+    cfg = parse_config(path.read_text(), str(path))
+    for role, sec in cfg.sections().items():
+        ep = EndpointSpec(id=0, ip="127.0.0.1", business_port=9000, mgmt_port=9000)
+        spec = backend_for("vllm").launch(
+            LaunchContext(section=sec, role=role, instance_id=1, endpoint=ep, master_dp_ip="127.0.0.1")
+        )
+        assert spec.argv[:4] == (".venv-vllm/bin/python", "-m", "vllm.entrypoints.cli.main", "serve")
+        assert spec.env["HF_HUB_OFFLINE"] == "1"
+        assert "--enforce-eager" in spec.argv
+        assert sec.env["VLLM_CPU_KVCACHE_SPACE"] == "1"
+        if role != Role.UNION:
+            ktc = spec.argv[spec.argv.index("--kv-transfer-config") + 1]
+            assert '"kv_connector":"ExampleConnector"' in ktc and '"kv_role":"kv_both"' in ktc
+    if name == "vllm-cpu-pd.yaml":
+        cores = {cfg.sections()[r].env["VLLM_CPU_OMP_THREADS_BIND"] for r in (Role.PREFILL, Role.DECODE)}
+        assert cores == {"0", "1"}  # one core each, not both on core 0
