@@ -195,9 +195,15 @@ class LocalCluster:
         finally:
             await nc.close()
 
-    def _spawn(self, name: str, argv: list[str]) -> Child:
+    def _spawn(self, name: str, argv: list[str], extra: dict[str, str] | None = None) -> Child:
         log = self.logs / f"{name}.log"
-        env = {**os.environ, **self.extra_env, "MOTOR_UP_SESSION": self.session, "PYTHONUNBUFFERED": "1"}
+        env = {
+            **os.environ,
+            **self.extra_env,
+            **(extra or {}),
+            "MOTOR_UP_SESSION": self.session,
+            "PYTHONUNBUFFERED": "1",
+        }
         with log.open("ab") as fh:
             proc = subprocess.Popen(
                 argv,
@@ -227,10 +233,19 @@ class LocalCluster:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(c.proc.pid, sig)
 
-    def restart_child(self, name: str) -> Child:
+    def restart_child(
+        self, name: str, *, set_args: dict[str, str] | None = None, env: dict[str, str] | None = None
+    ) -> Child:
+        """Start a child again, optionally with some flags changed (`{"--ip": "127.0.0.2"}`)."""
         c = self.child(name)
         self.children.remove(c)
-        return self._spawn(name, c.argv)
+        argv = list(c.argv)
+        for flag, value in (set_args or {}).items():
+            if flag in argv:
+                argv[argv.index(flag) + 1] = value
+            else:
+                argv += [flag, value]
+        return self._spawn(name, argv, env)
 
     async def stop(self, grace: float = 10.0) -> int:
         """Stop every process this cluster started, engines included; return how many."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 import socket
@@ -48,7 +49,7 @@ def free_ports(n_nodes: int) -> Ports:
     raise RuntimeError("no free port block found")
 
 
-def test_config(**overrides: Any) -> ClusterConfig:
+def cluster_config(**overrides: Any) -> ClusterConfig:
     """The default cluster (one union instance, one 1P1D pair) with test-speed timeouts."""
     raw: dict[str, Any] = {
         "controller": {
@@ -152,29 +153,36 @@ def engine_pid(port: int) -> int:
     raise AssertionError(f"no engine process on port {port}")
 
 
-@pytest.fixture(scope="module")
-async def harness(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Harness]:
+@contextlib.asynccontextmanager
+async def running_cluster(
+    root: Path, cfg: ClusterConfig, *, nodes: int, ready: str, ready_pred: Callable[[ClusterState], bool]
+) -> AsyncIterator[Harness]:
+    """Start a local cluster, follow its log, wait until `ready_pred`; stop it all after."""
     from streams.connection import connect
 
-    root = tmp_path_factory.mktemp("motor-up")
-    cfg = test_config()
-    nodes = 4  # one spare: a replaced node has somewhere to go
     cluster = LocalCluster(
         cfg, root=root, ports=free_ports(nodes), nodes=nodes, extra_env={"PYTHONPATH": os.getcwd()}
     )
     await cluster.start()
     nc = await connect(cluster.url, name="e2e")
     h = Harness(cluster, nc)
-    watcher = h.watcher
-    await watcher.start()
+    await h.watcher.start()
     try:
-        await h.wait_for(
-            "three ACTIVE instances (union, prefill, decode)",
-            lambda s: sum(1 for i in s.instances.values() if i.state == InstanceState.ACTIVE) >= 3,
-            within=90,
-        )
+        await h.wait_for(ready, ready_pred, within=90)
         yield h
     finally:
-        await watcher.stop()
+        await h.watcher.stop()
         await nc.close()
         await cluster.stop()
+
+
+@pytest.fixture(scope="module")
+async def harness(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Harness]:
+    async with running_cluster(
+        tmp_path_factory.mktemp("motor-up"),
+        cluster_config(),
+        nodes=4,  # one spare: a replaced node has somewhere to go
+        ready="three ACTIVE instances (union, prefill, decode)",
+        ready_pred=lambda s: sum(1 for i in s.instances.values() if i.state == InstanceState.ACTIVE) >= 3,
+    ) as h:
+        yield h

@@ -160,12 +160,21 @@ async def test_precision_alarm_isolates_group_then_clears(harness: Harness) -> N
         lambda s: h.seen("precision.alarm_raised", d_instance_id=d_id),
         within=30,
     )
+    # Once the controller has answered it, every replica that follows the log has the alarm.
+    await h.wait_for(
+        "the group isolated",
+        lambda s: h.seen("instance.state_changed", instance_id=d_id, state=InstanceState.ISOLATED),
+        within=30,
+    )
     # The group is excluded (and restarted): requests are served by the union instance; the
     # prefill engine serves none of them, whether it is the same process or a restarted one.
     p_port = h.engine_port(p_id)
+    u_port = h.engine_port(h.instance_of(Role.UNION))
     pid_before, before = await served_tokens(p_port)
+    union_before = await prompt_tokens(u_port)
     for _ in range(4):
         assert await chat(h)
+    assert await prompt_tokens(u_port) > union_before, "the union instance did not take over"
     pid_after, after = await served_tokens(p_port)
     if pid_after is not None and pid_after == pid_before:
         assert after == before, "a request reached the alarmed P/D group"
