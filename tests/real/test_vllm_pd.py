@@ -126,8 +126,9 @@ async def test_pd_nixl_smoke(
         assert metric(decode_metrics, "vllm:nixl_xfer_time_seconds_count") >= 1
         assert metric(decode_metrics, "vllm:nixl_num_failed_transfers_total") == 0
     # The agents stopped the engines cleanly: SIGTERM to vLLM's main process first, which then
-    # shuts its engine core and worker down itself (no force kills, no dead-engine errors).
+    # shuts its engine core and worker down itself. (A group-wide SIGTERM killed them under
+    # it: "AsyncLLM output_handler failed ... EngineDeadError" in both logs.)
     for role in (Role.PREFILL, Role.DECODE):
         log = rc.engine_log(role)
         assert "Application shutdown complete" in log
-        assert "force killing" not in log and "EngineDeadError" not in log
+        assert "EngineDeadError" not in log
