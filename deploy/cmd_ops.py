@@ -50,12 +50,12 @@ def register(sub: Any) -> None:
 
 
 def _run(args: argparse.Namespace, coro_fn: Any) -> int:
-    from streams.errors import StreamsError
+    from streams.errors import NatsUnavailable, StreamsError
 
     try:
         return int(asyncio.run(coro_fn(args)))
     except (OSError, TimeoutError, StreamsError) as exc:
-        if isinstance(exc, StreamsError):
+        if isinstance(exc, StreamsError) and not isinstance(exc, NatsUnavailable):
             print(f"motor: {exc}", file=sys.stderr)
         else:
             print(f"motor: {unreachable_hint(args.nats_url)} ({exc})", file=sys.stderr)

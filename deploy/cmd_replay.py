@@ -112,8 +112,16 @@ def read_jsonl_records(
 
 
 def _replay(args: argparse.Namespace) -> int:
+    from streams.errors import NatsUnavailable, StreamsError
+
     try:
         records, skipped = asyncio.run(load_records(args))
+    except NatsUnavailable as exc:
+        print(f"motor replay: {unreachable_hint(args.nats_url)} ({exc})", file=sys.stderr)
+        return 1
+    except StreamsError as exc:
+        print(f"motor replay: {exc}", file=sys.stderr)
+        return 1
     except FileNotFoundError as exc:
         print(f"motor replay: {exc}", file=sys.stderr)
         return 1

@@ -204,8 +204,10 @@ def _status(args: argparse.Namespace) -> int:
         Console().print(status_table(state, time.time()))
         return 0
 
+    from streams.errors import StreamsError
+
     try:
         return asyncio.run(go())
-    except (OSError, TimeoutError) as exc:
+    except (OSError, TimeoutError, StreamsError) as exc:
         print(f"motor status: {unreachable_hint(args.nats_url)} ({exc})", file=sys.stderr)
         return 1
