@@ -43,13 +43,15 @@ async def up(cluster: Cluster, nodes: dict[str, str], **cfg: Any) -> dict[str, i
     ids: dict[str, int] = {}
     for _ in range(want):
         asm = await cluster.tail.wait(
-            lambda ev: ev.type == "instance.assembled" and ev.data.instance_id not in ids.values(), within=40
+            # Generous: node agents are new Python processes, slow to start on a loaded machine.
+            lambda ev: ev.type == "instance.assembled" and ev.data.instance_id not in ids.values(),
+            within=120,
         )
         ids[asm.data.role.value if asm.data.role.value not in ids else f"{asm.data.role.value}2"] = (
             asm.data.instance_id
         )
     for iid in ids.values():
-        await cluster.tail.wait(state_is(iid, "ACTIVE"), within=60)
+        await cluster.tail.wait(state_is(iid, "ACTIVE"), within=120)
     return ids
 
 
