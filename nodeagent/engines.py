@@ -240,6 +240,9 @@ class Engines:
         self._set(ep, EndpointStatus.DEAD, ex.reason, ex.code)
         with contextlib.suppress(OSError):
             self.save()
+        # What the main process started (vLLM's engine core and worker) outlives its death by a
+        # signal, holding gigabytes and ports: reap the rest of its process group now.
+        await ep.proc.stop(self.settings.stop_grace)
 
     async def _watch_health(self, ep: Endpoint) -> None:
         cfg = self.settings.section.health_check_config

@@ -149,3 +149,19 @@ def engine_pid(port: int) -> int:
             if i + 1 < len(argv) and argv[i + 1] == str(port).encode():
                 return int(entry.name)
     raise AssertionError(f"no vLLM process serving port {port}")
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes of process group `pgid`."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            out.append(int(entry.name))
+    return out

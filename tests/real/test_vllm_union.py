@@ -18,7 +18,7 @@ import openai
 import pytest
 
 from core.events import InstanceState, Role
-from tests.real.cluster import RealCluster, cluster_config, engine_pid, real_cluster
+from tests.real.cluster import RealCluster, cluster_config, engine_pid, group_members, real_cluster
 from tests.real.conftest import MAX_TOKENS, PD_PROMPTS, Timings
 from tests.real.vllm_proc import STARTUP_TIMEOUT, engine_section
 
@@ -122,6 +122,8 @@ async def test_kill9_engine_reported_dead_and_restarted(
     )
     timings.add("kill -9: restart to ACTIVE again (vLLM reload included)", took)
     assert engine_pid(union.engine_port(Role.UNION)) != pid
+    # vLLM's engine core and worker outlive a SIGKILLed API server; the agent reaped them.
+    assert not group_members(pid), f"left over from the killed engine: {group_members(pid)}"
     client = sdk(union)
     try:
         prompt = PD_PROMPTS[0]
