@@ -9,6 +9,7 @@ bytes through untouched (Anthropic translation, a continued stream).
 from __future__ import annotations
 
 import time
+from abc import ABC, abstractmethod
 from typing import Any
 
 from coordinator.anthropic_stream import StreamTranslator
@@ -28,18 +29,20 @@ class Retry(Exception):
         self.body = body
 
 
-class Sink:
+class Sink(ABC):
     """Decoded engine body in, client bytes out (chunk-framed)."""
 
     def head(self, call: Call) -> bytes | None:
         """The response head to write before the first bytes, or None if already written."""
         return None
 
+    @abstractmethod
     def feed(self, data: bytes) -> bytes:
-        raise NotImplementedError
+        """Client bytes for this piece of the engine's body."""
 
+    @abstractmethod
     def end(self) -> bytes:
-        raise NotImplementedError
+        """Client bytes that close the response."""
 
 
 class SpliceSink(Sink):

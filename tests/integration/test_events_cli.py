@@ -115,8 +115,12 @@ async def test_sub_prints_live_messages(js: JetStreamContext, nats_server: Embed
     try:
         assert proc.stderr is not None
         # The CLI says when its subscription is in place; publish only then.
-        line = await asyncio.wait_for(proc.stderr.readline(), TIMEOUT)
-        assert b"listening on motor.evt.>" in line
+        # (Other lines, e.g. a warning, may come first.)
+        seen: list[bytes] = []
+        while not seen or b"listening on motor.evt.>" not in seen[-1]:
+            line = await asyncio.wait_for(proc.stderr.readline(), TIMEOUT)
+            assert line, f"sub exited before listening: {b''.join(seen)!r}"
+            seen.append(line)
         events = mixed(2)
         pub = Publisher(js)
         for ev in events:

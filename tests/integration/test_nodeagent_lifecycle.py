@@ -7,12 +7,9 @@ import os
 import signal
 import socket
 import time
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
-import pytest_asyncio
-from nats.aio.client import Client
 from nats.js import JetStreamContext
 
 from core import subjects
@@ -40,25 +37,6 @@ from tests.integration.nodeagent_harness import (
 )
 
 pytestmark = pytest.mark.timeout(240)
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def tail(nc: Client, js: JetStreamContext) -> AsyncIterator[EventTail]:
-    t = await EventTail(nc).start()
-    try:
-        yield t
-    finally:
-        await t.close()
-
-
-@pytest.fixture
-def agents() -> Iterator[list[Agent]]:
-    made: list[Agent] = []
-    try:
-        yield made
-    finally:
-        for a in made:
-            a.cleanup()
 
 
 def node_id() -> str:

@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import aiohttp
 import orjson
 import pytest
-import pytest_asyncio
-from nats.aio.client import Client
 from nats.js import JetStreamContext
 
 from core import subjects
@@ -33,25 +30,6 @@ from streams.publisher import Publisher
 from tests.integration.nodeagent_harness import Agent, EventTail, start_command, write_config
 
 pytestmark = pytest.mark.timeout(240)
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def tail(nc: Client, js: JetStreamContext) -> AsyncIterator[EventTail]:
-    t = await EventTail(nc).start()
-    try:
-        yield t
-    finally:
-        await t.close()
-
-
-@pytest.fixture
-def agents() -> Iterator[list[Agent]]:
-    made: list[Agent] = []
-    try:
-        yield made
-    finally:
-        for a in made:
-            a.cleanup()
 
 
 def about(cls: type, node: str):  # type: ignore[no-untyped-def]

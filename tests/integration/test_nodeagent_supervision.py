@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import aiohttp
 import pytest
-import pytest_asyncio
-from nats.aio.client import Client
 from nats.js import JetStreamContext
 
 from core.events import EndpointStatus, EndpointStatusChanged, NodeRegistered
@@ -18,25 +15,6 @@ from streams.publisher import Publisher
 from tests.integration.nodeagent_harness import Agent, EventTail, start_command, stop_command, write_config
 
 pytestmark = pytest.mark.timeout(240)
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def tail(nc: Client, js: JetStreamContext) -> AsyncIterator[EventTail]:
-    t = await EventTail(nc).start()
-    try:
-        yield t
-    finally:
-        await t.close()
-
-
-@pytest.fixture
-def agents() -> Iterator[list[Agent]]:
-    made: list[Agent] = []
-    try:
-        yield made
-    finally:
-        for a in made:
-            a.cleanup()
 
 
 def status_of(node: str, status: EndpointStatus, endpoint: int | None = None):  # type: ignore[no-untyped-def]
