@@ -154,7 +154,9 @@ async def connect(
             **kwargs,
         )
     except (NoServersError, OSError, TimeoutError, nats.errors.Error) as exc:
-        cause = errors[-1] if errors else exc
+        # An auth rejection says what to fix; a reset seen on the retry after it does not.
+        auth = [e for e in errors if "authoriz" in str(e).lower() or "authentic" in str(e).lower()]
+        cause = auth[0] if auth else errors[-1] if errors else exc
         with contextlib.suppress(Exception):
             await nc.close()
         raise NatsUnavailable(f"cannot reach NATS at {urls}: {_describe(cause)}") from None
