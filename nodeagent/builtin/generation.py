@@ -96,7 +96,8 @@ class Generator:
         if g.include_usage:
             chunks.append(fmt.usage(use))
         chunks.append(DONE)
-        return Response(200, b"".join(chunks), SSE, on_sent=self.faults.on_answered)
+        # One chunked write per event, as a real engine streams them (not one body).
+        return Response(200, content_type=SSE, parts=chunks, on_sent=self.faults.on_answered)
 
     @staticmethod
     def _chunk(

@@ -55,9 +55,13 @@ class Request:
 
 
 class Response:
-    """A response: a whole body, or a stream of body chunks."""
+    """A response: a whole body, a list of chunks ready now, or a stream of body chunks.
 
-    __slots__ = ("body", "content_type", "headers", "on_sent", "status", "stream")
+    `parts` are sent with chunked framing, one transport write per part, as an engine writes
+    one SSE event per token; `stream` yields parts over time.
+    """
+
+    __slots__ = ("body", "content_type", "headers", "on_sent", "parts", "status", "stream")
 
     def __init__(
         self,
@@ -67,9 +71,11 @@ class Response:
         stream: AsyncIterator[bytes] | None = None,
         headers: tuple[tuple[str, str], ...] = (),
         on_sent: Callable[[], None] | None = None,
+        parts: list[bytes] | None = None,
     ) -> None:
         self.status = status
         self.body = body
+        self.parts = parts
         self.content_type = content_type
         self.stream = stream
         self.headers = headers
@@ -304,9 +310,17 @@ class HttpProtocol(asyncio.Protocol):
         t = self._transport
         if t is None or self._closed:
             return
-        t.write(
-            _head(resp.status, resp.content_type, len(resp.body), req.keep_alive, resp.headers) + resp.body
-        )
+        if resp.parts is not None:
+            t.write(_head(resp.status, resp.content_type, None, req.keep_alive, resp.headers))
+            for part in resp.parts:
+                if part:
+                    t.write(b"%x\r\n%b\r\n" % (len(part), part))
+            t.write(b"0\r\n\r\n")
+        else:
+            t.write(
+                _head(resp.status, resp.content_type, len(resp.body), req.keep_alive, resp.headers)
+                + resp.body
+            )
         if resp.on_sent is not None:
             resp.on_sent()
         if not req.keep_alive:

@@ -111,7 +111,8 @@ class StreamFormat:
         return self._head + body + tail
 
     def all_pieces(self, pieces: tuple[str, ...], finish_reason: str, stop_reason: str | None) -> list[bytes]:
-        """Every token chunk of a whole answer at once (the --fast path); empty pieces skipped."""
+        """Every token event of a whole answer at once (the --fast path), one bytes per event;
+        empty pieces skipped."""
         dumps = orjson.dumps
         pre = self._head + (b'"delta":{"content":' if self._chat else b'"text":')
         mid = (
@@ -120,7 +121,7 @@ class StreamFormat:
         out: list[bytes] = []
         for piece in pieces[:-1]:
             if piece:
-                out += (pre, dumps(piece), mid)
+                out.append(pre + dumps(piece) + mid)
         out.append(self.piece(pieces[-1], finish_reason, stop_reason))
         return out
 

@@ -88,6 +88,37 @@ def test_stream_without_include_usage_has_no_usage_chunk(fast: BuiltinEngineProc
     assert all(ch.choices for ch in chunks) and all(ch.usage is None for ch in chunks)
 
 
+def test_fast_stream_is_chunked_one_event_per_chunk(fast: BuiltinEngineProc) -> None:
+    """--fast streams like a real engine: chunked framing, one SSE event per chunk."""
+    import socket
+
+    body = orjson.dumps(
+        {"model": MODEL, "messages": MSGS, "max_tokens": 16, "ignore_eos": True, "stream": True}
+    )
+    host, port = fast.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            b"connection: close\r\ncontent-length: %d\r\n\r\n%b" % (len(body), body)
+        )
+        raw = b""
+        while chunk := s.recv(65536):
+            raw += chunk
+    head, _, rest = raw.partition(b"\r\n\r\n")
+    assert b"transfer-encoding: chunked" in head.lower() and b"content-length" not in head.lower()
+    events = []
+    while True:
+        size, _, rest = rest.partition(b"\r\n")
+        n = int(size, 16)
+        if n == 0:
+            break
+        events.append(rest[:n])
+        rest = rest[n + 2 :]
+    assert all(e.startswith(b"data: ") and e.endswith(b"\n\n") and e.count(b"data: ") == 1 for e in events)
+    assert len(events) == 1 + 16 + 1  # role, 16 tokens, [DONE]
+    assert events[-1] == b"data: [DONE]\n\n"
+
+
 def test_continuous_usage_stats(fast: BuiltinEngineProc) -> None:
     with client(fast) as c:
         chunks = list(
