@@ -89,9 +89,7 @@ class ProxyApp:
         # without a syscall per request).
         self._id_prefix = os.urandom(6).hex()
         self._id_counter = itertools.count(1)
-        self._requests: dict[tuple[str, int], Any] = {}
-        self._latency: dict[str, Any] = {}
-        self._ttft: dict[str, Any] = {}
+        self.loop = asyncio.get_running_loop()
 
     async def __call__(self, conn: ClientConn, req: Request) -> None:
         path = req.path
@@ -208,18 +206,17 @@ class ProxyApp:
 
     def _deadline(self, call: Call) -> asyncio.Task[Any] | None:
         # A table swept once a second instead of a timer per request (a timer handle costs
-        # more than the routing decision).
-        task = asyncio.current_task()
+        # more than the routing decision). The connection's task is the one serving `call`.
+        task = call.conn.task
         if task is None or self.request_timeout is None:
             return None
-        loop = asyncio.get_running_loop()
-        self._deadlines[task] = loop.time() + self.request_timeout
+        self._deadlines[task] = self.loop.time() + self.request_timeout
         if self._sweeper is None:
-            self._sweeper = loop.call_later(_SWEEP, self._sweep)
+            self._sweeper = self.loop.call_later(_SWEEP, self._sweep)
         return task
 
     def _sweep(self) -> None:
-        loop = asyncio.get_running_loop()
+        loop = self.loop
         now = loop.time()
         for task, deadline in list(self._deadlines.items()):
             if deadline <= now:
@@ -229,22 +226,11 @@ class ProxyApp:
         self._sweeper = loop.call_later(_SWEEP, self._sweep) if self._deadlines else None
 
     def _next_id(self) -> str:
-        return f"{self._id_prefix}{next(self._id_counter):010x}"
+        return self._id_prefix + format(next(self._id_counter), "010x")
 
     def _observe(self, call: Call) -> None:
-        m = self.metrics
-        if m is None:
-            return
-        key = (call.route, call.status)
-        counter = self._requests.get(key)
-        if counter is None:
-            counter = self._requests[key] = m.requests.labels(route=call.route, status=str(call.status))
-            self._latency[call.route] = m.latency.labels(route=call.route)
-            self._ttft[call.route] = m.ttft.labels(route=call.route)
-        counter.inc()
-        self._latency[call.route].observe(time.perf_counter() - call.t0)
-        if call.ttft is not None:
-            self._ttft[call.route].observe(call.ttft)
+        if self.metrics is not None:
+            self.metrics.stats.observe(call.route, call.status, time.perf_counter() - call.t0, call.ttft)
 
     # ------------------------------------------------------------------ local answers
 
@@ -290,4 +276,4 @@ class ProxyApp:
         conn.send(req, status, error_body(status, message, None, code), extra=extra)
         if self.metrics is not None:
             route = _GENERATION.get(req.path, ("other", b""))[0]
-            self.metrics.requests.labels(route=route, status=str(status)).inc()
+            self.metrics.stats.count(route, status)
