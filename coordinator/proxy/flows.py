@@ -250,7 +250,7 @@ class Flows:
         if call.sink is None and not call.anthropic:
             head = self._head(call, up)
             if head is None:
-                await self._whole(call, up, ep, lambda status, data: data)
+                await self._whole(call, up, ep, _as_is)
                 return
             conn.upstream = up
             if conn.write_paused:
@@ -262,26 +262,13 @@ class Flows:
                 self._upstream_failed(ep, exc)
                 raise Retry(f"{ep.key}: {exc}") from None
             call.committed = True
-            if fut is not None:
-                try:
-                    await fut
-                except UpstreamError as exc:
-                    conn.upstream = None
-                    await self._broken(call, up, ep, exc)
-                    return
-                except BaseException:
-                    conn.upstream = None
-                    up.close()
-                    raise
-            conn.upstream = None
-            call.served_by, call.resp_body = ep, up.body
-            up.release()
+            await self._until_end(call, up, ep, fut)
             return
         if call.anthropic and not call.stream:
             await self._whole(call, up, ep, _to_anthropic(call))
             return
         if up.status != 200 and not call.committed:
-            await self._whole(call, up, ep, lambda status, data: data)
+            await self._whole(call, up, ep, _as_is)
             return
         if call.sink is None:
             call.sink = AnthropicSink(call.model or "")
@@ -299,14 +286,23 @@ class Flows:
             if out:
                 conn.write(out)
 
+        if await self._until_end(call, up, ep, up.stream_to(on_data)):
+            conn.write(sink.end())
+
+    async def _until_end(
+        self, call: Call, up: UpstreamConn, ep: Endpoint, fut: asyncio.Future[None] | None
+    ) -> bool:
+        """Wait for the end of a response already committed to the client (`fut` None: it
+        ended). True when it ended on `ep`; False when the engine died and the stream was
+        continued elsewhere or cut. The engine connection is released or closed either way."""
+        conn = call.conn
         try:
-            fut = up.stream_to(on_data)
             if fut is not None:
                 await fut
         except UpstreamError as exc:
             conn.upstream = None
             await self._broken(call, up, ep, exc)
-            return
+            return False
         except BaseException:
             conn.upstream = None
             up.close()
@@ -314,7 +310,7 @@ class Flows:
         conn.upstream = None
         call.served_by, call.resp_body = ep, up.body
         up.release()
-        conn.write(sink.end())
+        return True
 
     async def _whole(self, call: Call, up: UpstreamConn, ep: Endpoint, shape: Any) -> None:
         try:
@@ -443,6 +439,10 @@ def _prefill_failed(task: asyncio.Task[Any]) -> bool:
 def _as_retry(task: asyncio.Task[Any]) -> Retry:
     exc = None if task.cancelled() else task.exception()
     return exc if isinstance(exc, Retry) else Retry(f"prefill failed: {exc!r}")
+
+
+def _as_is(status: int, data: bytes) -> bytes:
+    return data
 
 
 def _raw_end(done: bool) -> bytes:

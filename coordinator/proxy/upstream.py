@@ -181,16 +181,22 @@ class UpstreamConn(asyncio.Protocol):
         return self.waiter
 
     def stream_to(self, on_data: Callable[[bytes], None]) -> asyncio.Future[None] | None:
-        """Deliver the decoded body (so far and from now on) to `on_data`; None if complete."""
+        """Deliver the decoded body (so far and from now on) to `on_data`.
+
+        None if the response was already complete, else a future resolving at its end or
+        failing with the exchange's error (already failed if the engine died before now).
+        """
         self.body_raw = []
         for part in self.body:
             on_data(part)
-        if self.complete or self.error is not None:
-            if self.error is not None:
-                raise self.error
+        self.waiter = self.loop.create_future()
+        if self.error is not None:
+            self.waiter.set_exception(self.error)
+            return self.waiter
+        if self.complete:
+            self.waiter = None
             return None
         self.on_data = on_data
-        self.waiter = self.loop.create_future()
         return self.waiter
 
     async def read_all(self) -> bytes:
