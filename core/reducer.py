@@ -45,10 +45,13 @@ from core.state import (
     SnapshotRecord,
 )
 
-Handler = Callable[[ClusterState, Any, int], ClusterState]
+# A handler returns the fields of the state it changes (None: the event changes nothing);
+# `apply` makes the one copy of the state per event.
+Changes = dict[str, Any] | None
+Handler = Callable[[ClusterState, Any, int], Changes]
 
 
-def _node_registered(s: ClusterState, ev: NodeRegistered, seq: int) -> ClusterState:
+def _node_registered(s: ClusterState, ev: NodeRegistered, seq: int) -> Changes:
     d = ev.data
     old = s.nodes.get(d.node_id)
     if old is None:
@@ -81,56 +84,53 @@ def _node_registered(s: ClusterState, ev: NodeRegistered, seq: int) -> ClusterSt
         endpoint_event_id={e: ev.id for e in running},
         registered_id=ev.id,
     )
-    return replace(s, nodes=s.nodes.set(d.node_id, rec), next_order=next_order)
+    return dict(nodes=s.nodes.set(d.node_id, rec), next_order=next_order)
 
 
-def _node_deregistered(s: ClusterState, ev: NodeDeregistered, seq: int) -> ClusterState:
+def _node_deregistered(s: ClusterState, ev: NodeDeregistered, seq: int) -> Changes:
     if ev.data.node_id not in s.nodes:
-        return s
-    return replace(s, nodes=s.nodes.delete(ev.data.node_id))
+        return None
+    return dict(nodes=s.nodes.delete(ev.data.node_id))
 
 
-def _heartbeat(s: ClusterState, ev: Heartbeat, seq: int) -> ClusterState:
+def _heartbeat(s: ClusterState, ev: Heartbeat, seq: int) -> Changes:
     node = s.nodes.get(ev.data.node_id)
     if node is None:
-        return s
-    return replace(
-        s,
+        return None
+    return dict(
         nodes=s.nodes.set(
             node.node_id, replace(node, last_hb_ts=ev.ts, load=ev.data.endpoints, last_hb_id=ev.id)
         ),
     )
 
 
-def _start(s: ClusterState, ev: StartCommand, seq: int) -> ClusterState:
+def _start(s: ClusterState, ev: StartCommand, seq: int) -> Changes:
     d = ev.data
     node = s.nodes.get(d.node_id)
     if node is None:
-        return s
+        return None
     rec = CommandRecord("start", d, ev.ts, seq)
     node = replace(node, start_cmd=rec, instance_id=d.instance_id)
-    return replace(s, nodes=s.nodes.set(d.node_id, node))
+    return dict(nodes=s.nodes.set(d.node_id, node))
 
 
-def _stop(s: ClusterState, ev: StopCommand, seq: int) -> ClusterState:
+def _stop(s: ClusterState, ev: StopCommand, seq: int) -> Changes:
     d = ev.data
     node = s.nodes.get(d.node_id)
     if node is None:
-        return s
-    return replace(
-        s, nodes=s.nodes.set(d.node_id, replace(node, stop_cmd=CommandRecord("stop", d, ev.ts, seq)))
-    )
+        return None
+    return dict(nodes=s.nodes.set(d.node_id, replace(node, stop_cmd=CommandRecord("stop", d, ev.ts, seq))))
 
 
-def _command_result(s: ClusterState, ev: CommandApplied | CommandRefused, seq: int) -> ClusterState:
+def _command_result(s: ClusterState, ev: CommandApplied | CommandRefused, seq: int) -> Changes:
     d = ev.data
     node = s.nodes.get(d.node_id)
     if node is None:
-        return s
+        return None
     attr = "start_cmd" if d.verb == "start" else "stop_cmd"
     cmd: CommandRecord | None = getattr(node, attr)
     if cmd is None or cmd.data.command_id != d.command_id:
-        return s
+        return None
     if isinstance(ev, CommandApplied):
         cmd = replace(cmd, status="applied", status_ts=ev.ts)
     else:
@@ -149,14 +149,14 @@ def _command_result(s: ClusterState, ev: CommandApplied | CommandRefused, seq: i
         changes["endpoint_status"] = status
         changes["endpoint_seq"] = eseq
         changes["endpoint_event_id"] = eid
-    return replace(s, nodes=s.nodes.set(d.node_id, replace(node, **changes)))
+    return dict(nodes=s.nodes.set(d.node_id, replace(node, **changes)))
 
 
-def _endpoint_status(s: ClusterState, ev: EndpointStatusChanged, seq: int) -> ClusterState:
+def _endpoint_status(s: ClusterState, ev: EndpointStatusChanged, seq: int) -> Changes:
     d = ev.data
     node = s.nodes.get(d.node_id)
     if node is None:
-        return s
+        return None
     status = dict(node.endpoint_status)
     status[d.endpoint_id] = d.status
     reason = dict(node.endpoint_reason)
@@ -168,32 +168,32 @@ def _endpoint_status(s: ClusterState, ev: EndpointStatusChanged, seq: int) -> Cl
     node = replace(
         node, endpoint_status=status, endpoint_reason=reason, endpoint_seq=eseq, endpoint_event_id=eid
     )
-    return replace(s, nodes=s.nodes.set(d.node_id, node))
+    return dict(nodes=s.nodes.set(d.node_id, node))
 
 
-def _fault_reported(s: ClusterState, ev: FaultReported, seq: int) -> ClusterState:
+def _fault_reported(s: ClusterState, ev: FaultReported, seq: int) -> Changes:
     rec = FaultRecord(ev.data, ev.ts, seq, ev.id)
-    return replace(s, faults=s.faults.set(ev.data.fault_id, rec))
+    return dict(faults=s.faults.set(ev.data.fault_id, rec))
 
 
-def _fault_cleared(s: ClusterState, ev: FaultCleared, seq: int) -> ClusterState:
+def _fault_cleared(s: ClusterState, ev: FaultCleared, seq: int) -> Changes:
     if ev.data.fault_id not in s.faults:
-        return s
-    return replace(s, faults=s.faults.delete(ev.data.fault_id))
+        return None
+    return dict(faults=s.faults.delete(ev.data.fault_id))
 
 
-def _alarm_raised(s: ClusterState, ev: PrecisionAlarmRaised, seq: int) -> ClusterState:
+def _alarm_raised(s: ClusterState, ev: PrecisionAlarmRaised, seq: int) -> Changes:
     rec = AlarmRecord(ev.data, ev.ts, seq, ev.id)
-    return replace(s, alarms=s.alarms.set(ev.data.d_instance_id, rec))
+    return dict(alarms=s.alarms.set(ev.data.d_instance_id, rec))
 
 
-def _alarm_cleared(s: ClusterState, ev: PrecisionAlarmCleared, seq: int) -> ClusterState:
+def _alarm_cleared(s: ClusterState, ev: PrecisionAlarmCleared, seq: int) -> Changes:
     if ev.data.d_instance_id not in s.alarms:
-        return s
-    return replace(s, alarms=s.alarms.delete(ev.data.d_instance_id))
+        return None
+    return dict(alarms=s.alarms.delete(ev.data.d_instance_id))
 
 
-def _snapshot(s: ClusterState, ev: SnapshotCheckpoint, seq: int) -> ClusterState:
+def _snapshot(s: ClusterState, ev: SnapshotCheckpoint, seq: int) -> Changes:
     d = ev.data
     old = s.snapshots.get(d.node_id)
     rec = SnapshotRecord(
@@ -204,10 +204,10 @@ def _snapshot(s: ClusterState, ev: SnapshotCheckpoint, seq: int) -> ClusterState
         seq=seq,
         event_id=ev.id,
     )
-    return replace(s, snapshots=s.snapshots.set(d.node_id, rec))
+    return dict(snapshots=s.snapshots.set(d.node_id, rec))
 
 
-def _assembled(s: ClusterState, ev: InstanceAssembled, seq: int) -> ClusterState:
+def _assembled(s: ClusterState, ev: InstanceAssembled, seq: int) -> Changes:
     d = ev.data
     rec = InstanceRecord(
         spec=d,
@@ -222,19 +222,18 @@ def _assembled(s: ClusterState, ev: InstanceAssembled, seq: int) -> ClusterState
         node = nodes.get(m.node_id)
         if node is not None:
             nodes = nodes.set(m.node_id, replace(node, instance_id=d.instance_id))
-    return replace(
-        s,
+    return dict(
         instances=s.instances.set(d.instance_id, rec),
         nodes=nodes,
         next_instance_id=max(s.next_instance_id, d.instance_id + 1),
     )
 
 
-def _state_changed(s: ClusterState, ev: InstanceStateChanged, seq: int) -> ClusterState:
+def _state_changed(s: ClusterState, ev: InstanceStateChanged, seq: int) -> Changes:
     d = ev.data
     inst = s.instances.get(d.instance_id)
     if inst is None:
-        return s
+        return None
     if d.state == InstanceState.TERMINATED:
         nodes = s.nodes
         for nid in inst.node_ids:
@@ -244,17 +243,17 @@ def _state_changed(s: ClusterState, ev: InstanceStateChanged, seq: int) -> Clust
         alarms = s.alarms
         if d.instance_id in alarms:
             alarms = alarms.delete(d.instance_id)
-        return replace(s, instances=s.instances.delete(d.instance_id), nodes=nodes, alarms=alarms)
+        return dict(instances=s.instances.delete(d.instance_id), nodes=nodes, alarms=alarms)
     active_seq = seq if d.state == InstanceState.ACTIVE else inst.active_seq
     rec = replace(inst, state=d.state, state_ts=ev.ts, reason=d.reason, active_seq=active_seq)
-    return replace(s, instances=s.instances.set(d.instance_id, rec))
+    return dict(instances=s.instances.set(d.instance_id, rec))
 
 
-def _leader(s: ClusterState, ev: LeaderChanged, seq: int) -> ClusterState:
-    return replace(s, leader=ev.data, leader_ts=ev.ts)
+def _leader(s: ClusterState, ev: LeaderChanged, seq: int) -> Changes:
+    return dict(leader=ev.data, leader_ts=ev.ts)
 
 
-def _refreshed(s: ClusterState, ev: InstancesRefreshed, seq: int) -> ClusterState:
+def _refreshed(s: ClusterState, ev: InstancesRefreshed, seq: int) -> Changes:
     d = ev.data
     given = {int(i["id"]): i for i in d.instances}
     if d.event == "set":
@@ -266,7 +265,7 @@ def _refreshed(s: ClusterState, ev: InstancesRefreshed, seq: int) -> ClusterStat
             for i in d.ids:
                 m.pop(int(i), None)
             external = m.finish()
-    return replace(s, external=external)
+    return dict(external=external)
 
 
 HANDLERS: dict[str, Handler] = {
@@ -292,14 +291,13 @@ HANDLERS: dict[str, Handler] = {
 
 def apply(state: ClusterState, event: EventBase, seq: int = 0) -> ClusterState:
     """Return the state after `event` (at stream sequence `seq`, 0 when unknown)."""
-    handler = HANDLERS[event.type]  # type: ignore[attr-defined]
-    new = handler(state, event, seq)
-    return replace(
-        new,
-        last_seq=max(new.last_seq, seq),
-        last_ts=max(new.last_ts, event.ts),
-        events_applied=new.events_applied + 1,
-    )
+    changes = HANDLERS[event.type](state, event, seq)  # type: ignore[attr-defined]
+    if changes is None:
+        changes = {}
+    changes["last_seq"] = max(state.last_seq, seq)
+    changes["last_ts"] = max(state.last_ts, event.ts)
+    changes["events_applied"] = state.events_applied + 1
+    return replace(state, **changes)
 
 
 def fold(events: Iterable[tuple[int, EventBase]], state: ClusterState | None = None) -> ClusterState:
