@@ -18,6 +18,18 @@ def test_roundtrip(ev: Any) -> None:
     assert orjson.loads(data)["type"] == ev.type
 
 
+def test_lax_only_values_still_decode() -> None:
+    """Strict validation is only the fast path: a hand-written event with coercible values
+    (a string for an int, an int for a float) decodes as before."""
+    ev = ep_status("n1", "READY")
+    raw = orjson.loads(codec.encode(ev))
+    raw["data"]["endpoint_id"] = str(raw["data"]["endpoint_id"])
+    raw["ts"] = int(raw["ts"])
+    got = codec.decode(orjson.dumps(raw))
+    assert got.data.endpoint_id == ev.data.endpoint_id  # type: ignore[union-attr]
+    assert got.ts == int(ev.ts) and isinstance(got.ts, float)
+
+
 def test_every_type_has_a_class() -> None:
     assert len(EVENT_CLASSES) == 17
     for name, cls in EVENT_CLASSES.items():
