@@ -47,7 +47,6 @@ class Delivery(NamedTuple):
     ts_ns: int  # stream timestamp, nanoseconds since the epoch
     subject: str
     data: bytes
-    motor_type: str | None  # the Motor-Type header, a hint for the decoder
 
 
 class StreamMissing(StreamsError):
@@ -82,14 +81,6 @@ def parse_status(hdr: bytes) -> tuple[str, dict[str, str]]:
         if sep:
             headers[key.strip()] = value.strip()
     return code, headers
-
-
-def _motor_type(hdr: bytes) -> str | None:
-    i = hdr.find(b"Motor-Type:")
-    if i < 0:
-        return None
-    j = hdr.find(b"\r\n", i)
-    return hdr[i + 11 : j].strip().decode()
 
 
 # --------------------------------------------------------------------------- sinks
@@ -371,7 +362,6 @@ class PushConsumer:
                     int(tokens[7 + off]),
                     subject.decode(),
                     data,
-                    _motor_type(hdr) if hdr else None,
                 )
             )
         else:
