@@ -6,7 +6,6 @@ scrape time by `TableCollector`, so the proxy pays nothing per request for them.
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
@@ -14,6 +13,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from coordinator.table import RoutingTable
+from core.histogram import Histogram
 
 # Latency buckets (seconds) for LLM requests: a few ms for a cached JSON hop up to many minutes.
 _LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
@@ -74,32 +74,6 @@ class TableCollector(Collector):
             )
 
 
-class _Histogram:
-    """Bucket counts (not cumulative; the last slot is +Inf) and the sum of observations."""
-
-    __slots__ = ("bounds", "counts", "total")
-
-    def __init__(self, bounds: tuple[float, ...]) -> None:
-        self.bounds = bounds
-        self.counts = [0] * (len(bounds) + 1)
-        self.total = 0.0
-
-    def observe(self, value: float) -> None:
-        self.counts[bisect_left(self.bounds, value)] += 1  # le is inclusive: value <= bound
-        self.total += value
-
-    def family_buckets(self) -> list[tuple[str, float]]:
-        out, running = [], 0
-        for bound, n in zip((*map(_le, self.bounds), "+Inf"), self.counts, strict=True):
-            running += n
-            out.append((bound, float(running)))
-        return out
-
-
-def _le(bound: float) -> str:
-    return repr(float(bound))
-
-
 class RequestStats(Collector):
     """Per-request counters of the hot path: requests by route and status, latency and TTFT.
 
@@ -110,8 +84,8 @@ class RequestStats(Collector):
 
     def __init__(self) -> None:
         self.requests: dict[tuple[str, int], int] = {}
-        self.latency: dict[str, _Histogram] = {}
-        self.ttft: dict[str, _Histogram] = {}
+        self.latency: dict[str, Histogram] = {}
+        self.ttft: dict[str, Histogram] = {}
 
     def count(self, route: str, status: int) -> None:
         """One finished request (no timing: refused before routing)."""
@@ -124,8 +98,8 @@ class RequestStats(Collector):
         self.requests[key] = self.requests.get(key, 0) + 1
         lat = self.latency.get(route)
         if lat is None:
-            lat = self.latency[route] = _Histogram(_LATENCY)
-            self.ttft[route] = _Histogram(_TTFT)
+            lat = self.latency[route] = Histogram(_LATENCY)
+            self.ttft[route] = Histogram(_TTFT)
         lat.observe(seconds)
         if ttft is not None:
             self.ttft[route].observe(ttft)
@@ -146,7 +120,7 @@ class RequestStats(Collector):
         ):
             fam = HistogramMetricFamily(name, doc, labels=["route"])
             for route, h in sorted(hists.items()):
-                fam.add_metric([route], h.family_buckets(), h.total)
+                fam.add_metric([route], h.cumulative(), h.total)
             yield fam
 
 

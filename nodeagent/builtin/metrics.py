@@ -7,12 +7,13 @@ read from the engine when scraped, so they are never stale and cost nothing per 
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+from core.histogram import Histogram
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -28,31 +29,10 @@ ITL_BUCKETS = (
 E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0)
 
 
-class Histogram:
-    """A bucketed histogram: counts per bucket, sum and count."""
-
-    __slots__ = ("bounds", "counts", "total")
-
-    def __init__(self, bounds: tuple[float, ...]) -> None:
-        self.bounds = bounds
-        self.counts = [0] * (len(bounds) + 1)
-        self.total = 0.0
-
-    def observe(self, value: float, n: int = 1) -> None:
-        """Record `n` observations of `value`."""
-        self.counts[bisect_left(self.bounds, value)] += n
-        self.total += value * n
-
-    def family(self, name: str, doc: str, labels: list[str], values: list[str]) -> HistogramMetricFamily:
-        fam = HistogramMetricFamily(name, doc, labels=labels)
-        cumulative, buckets = 0, []
-        for bound, count in zip(self.bounds, self.counts, strict=False):
-            cumulative += count
-            buckets.append((repr(bound), cumulative))
-        cumulative += self.counts[-1]
-        buckets.append(("+Inf", cumulative))
-        fam.add_metric(values, buckets, self.total)
-        return fam
+def _family(h: Histogram, name: str, doc: str, labels: list[str], values: list[str]) -> HistogramMetricFamily:
+    fam = HistogramMetricFamily(name, doc, labels=labels)
+    fam.add_metric(values, h.cumulative(), h.total)
+    return fam
 
 
 class EngineMetrics(Collector):
@@ -104,12 +84,24 @@ class EngineMetrics(Collector):
         for reason, count in self.finished.items():
             success.add_metric([*values, reason], count)
         yield success
-        yield self.ttft.family(
-            "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", labels, values
+        yield _family(
+            self.ttft,
+            "vllm:time_to_first_token_seconds",
+            "Histogram of time to first token in seconds.",
+            labels,
+            values,
         )
-        yield self.itl.family(
-            "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", labels, values
+        yield _family(
+            self.itl,
+            "vllm:inter_token_latency_seconds",
+            "Histogram of inter-token latency in seconds.",
+            labels,
+            values,
         )
-        yield self.e2e.family(
-            "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", labels, values
+        yield _family(
+            self.e2e,
+            "vllm:e2e_request_latency_seconds",
+            "Histogram of e2e request latency in seconds.",
+            labels,
+            values,
         )
