@@ -106,7 +106,8 @@ class _PySink:
         queue: asyncio.Queue[Msg | None] = sub._pending_queue  # type: ignore[assignment]
         if queue.empty():
             try:
-                first = await asyncio.wait_for(queue.get(), timeout)
+                async with asyncio.timeout(timeout):  # not wait_for: see rawsub.batch
+                    first = await queue.get()
             except TimeoutError:
                 return None
             msgs = [first]

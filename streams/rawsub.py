@@ -206,7 +206,10 @@ class RawSubscriber:
                 raise StreamsError(f"raw connection lost: {self.error}")
             self._ready.clear()
             try:
-                await asyncio.wait_for(self._ready.wait(), timeout)
+                # asyncio.timeout, not wait_for: 3.11's wait_for can swallow a cancellation
+                # that races with the event, and a reader being closed would never stop.
+                async with asyncio.timeout(timeout):
+                    await self._ready.wait()
             except TimeoutError:
                 return None
             if not self.frames:

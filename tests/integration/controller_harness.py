@@ -166,7 +166,8 @@ class LogTail:
                 raise AssertionError(f"no matching event within {within}s; last seen:\n" + "\n".join(seen))
             self._changed.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), remaining)
+                async with asyncio.timeout(remaining):  # not wait_for: it can eat a cancel on 3.11
+                    await self._changed.wait()
 
     def events(self, pred: Callable[[Any], bool], after: int = 0) -> list[Any]:
         return [r.event for r in self.records[after:] if pred(r.event)]

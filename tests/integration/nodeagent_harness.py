@@ -219,7 +219,8 @@ class EventTail:
                 raise AssertionError(f"no matching event within {within}s; last seen: {seen}")
             self._changed.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), remaining)
+                async with asyncio.timeout(remaining):  # not wait_for: it can eat a cancel on 3.11
+                    await self._changed.wait()
 
     def index(self) -> int:
         return len(self.records)
