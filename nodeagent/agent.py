@@ -228,6 +228,8 @@ class NodeAgent:
 
     async def _reregister(self, reason: str) -> None:
         await self.register("resync")
+        # The registration reset the fold's view of running endpoints to STARTING.
+        self.engines.reassert("re-asserted after registering again")
 
     def _running(self) -> Running:
         e = self.engines
@@ -282,6 +284,9 @@ class NodeAgent:
         started = await self.engines.start(d, seq)
         if not started:
             log.info("start %s: instance %d already running here; nothing to do", d.command_id, d.instance_id)
+            # Whoever sent it waits for READY after its start (e.g. an instance re-adopted
+            # after a lost log tail): say again what the endpoints are.
+            self.engines.reassert(f"already running for start {d.command_id}")
         if self._snapshot is not None:
             self._snapshot.prepare(d)
 

@@ -128,6 +128,21 @@ class Engines:
         log.info("endpoint %d: %s -> %s (%s)", ep.spec.id, previous and previous.value, status.value, reason)
         self.on_change(StatusChange(ep.spec.id, self.instance_id, status, previous, reason, exit_code))
 
+    def reassert(self, reason: str) -> list[int]:
+        """Report each reported endpoint's current status again; the ids reported.
+
+        For when the log no longer shows it after something that reset it: a re-registration
+        (the fold resets running endpoints to STARTING) or a start that found them running.
+        """
+        out = []
+        for ep in self.endpoints.values():
+            if ep.live and ep.status is not None and not ep.stopping:
+                self.on_change(
+                    StatusChange(ep.spec.id, self.instance_id, ep.status, ep.status, reason, ep.exit_code)
+                )
+                out.append(ep.spec.id)
+        return out
+
     # ------------------------------------------------------------------ start
 
     def launch_spec(self, cmd: StartCommandData, ep: EndpointSpec) -> LaunchSpec:

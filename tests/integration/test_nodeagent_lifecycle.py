@@ -123,15 +123,23 @@ async def test_register_start_ready_kill_dead_stop(
     assert hb.data.instance_id == 7 and loads[0].avail_blocks == 512 and loads[0].avail_slots == 256
 
     # The same command delivered again (new envelope, same command id) does nothing twice;
-    # a new start for the running instance is a no-op, applied.
+    # a new start for the running instance is a no-op, applied, and its endpoints are
+    # reported READY again after it (its sender waits for a READY newer than its start).
     mark = tail.index()
     again = start.model_copy(update={"id": new_id()})
     seq = await pub.publish(again)
     await acked_through(js, node, seq)
+    assert tail.events(is_(EndpointStatusChanged, node), after=mark) == []
     other = start_command(node, d.endpoints)
     await pub.publish(other)
     await tail.wait(is_(CommandApplied, node, command_id=other.data.command_id), after=mark)
-    assert tail.events(is_(EndpointStatusChanged, node), after=mark) == []
+    again_ready = await tail.wait(is_(EndpointStatusChanged, node), after=mark)
+    assert (again_ready.data.status, again_ready.data.previous) == (
+        EndpointStatus.READY,
+        EndpointStatus.READY,
+    )
+    assert other.data.command_id in again_ready.data.reason
+    assert pid_alive(pid) and (await agent.status())["endpoints"][0]["pid"] == pid
     assert tail.events(is_(CommandApplied, node, command_id=start.data.command_id), after=mark) == []
     assert (await agent.status())["endpoints"][0]["pid"] == pid
 
@@ -242,6 +250,9 @@ async def test_restart_adopts_running_engines_and_resyncs(
     await js.purge_stream(MOTOR_STREAM)
     resent = await tail.wait(is_(NodeRegistered, node), after=mark, within=15)
     assert resent.data.instance_id == 9 and resent.data.running_endpoints == (0,)
+    # The registration resets the fold's view of its endpoints: READY is said again after it.
+    reasserted = await tail.wait(is_(EndpointStatusChanged, node, status=EndpointStatus.READY), after=mark)
+    assert "re-asserted" in reasserted.data.reason
 
     # An adopted engine's exit is seen at once too (pidfd), exit code unknown.
     mark = tail.index()
