@@ -4,6 +4,12 @@ Per role the config names how many instances and how many nodes one spans; free 
 nodes of that role are taken in registration order (rank 0 registered first, and its IP is the
 master DP IP). Roles go union, decode, prefill, so a decode short of nodes sees freed prefill
 nodes before the prefill rule re-assembles them.
+
+After a lost log tail, nodes re-register with the instance they still run. An instance the
+log never heard of (its id at or above `next_instance_id`) is assembled again under its own
+id once all its nodes are back, so its engines keep serving: the start that follows finds
+them running. Until then, for a grace of `heartbeat_timeout` after their registration, its
+nodes are held out of new instances.
 """
 
 from __future__ import annotations
@@ -37,6 +43,8 @@ class _Plan:
         self.out: list[Decision] = []
         self.terminated = False
         self._by_order: list[NodeRecord] | None = None
+        self.held: set[str] = set()  # nodes waiting for the rest of their lost instance
+        self._floor: int | None = None
 
     @property
     def by_order(self) -> list[NodeRecord]:
@@ -45,12 +53,25 @@ class _Plan:
             self._by_order = sorted(self.ctx.state.nodes.values(), key=lambda n: n.order)
         return self._by_order
 
+    @property
+    def claimed_floor(self) -> int:
+        """The lowest id a new instance may take: above every id a node says it still runs."""
+        if self._floor is None:
+            claimed = (
+                n.reg.instance_id + 1
+                for n in self.by_order
+                if n.reg.instance_id is not None and n.reg.running_endpoints
+            )
+            self._floor = max((self.ctx.state.next_instance_id, *claimed))
+        return self._floor
+
     def free(self, role: Role, sec: EngineSection) -> list[NodeRecord]:
         return [
             n
             for n in self.by_order
             if n.reg.role == role
             and n.node_id not in self.taken
+            and n.node_id not in self.held
             and assemblable(self.ctx.state, n, sec.engine_type, self.ctx.idx)
         ]
 
@@ -59,8 +80,8 @@ class _Plan:
         mine = [i for i in state.instances.values() if i.spec.role == role]
         borrowed = [i for i in mine if is_borrowed(state, i)]
         own = len(mine) - len(borrowed)
-        made = 0
         npi = sec.nodes_per_instance()
+        made = self.readopt(role, sec, npi, sec.instances - own) if own < sec.instances else 0
         while own + made < sec.instances:
             picked = self.free(role, sec)[:npi]
             if len(picked) < npi:
@@ -74,9 +95,40 @@ class _Plan:
         elif own + made < sec.instances:
             self.borrow(sec, npi, f"{own + made + 1}/{sec.instances}")
 
-    def add(self, role: Role, sec: EngineSection, picked: list[NodeRecord], of: str) -> None:
-        iid = self.next_id
-        self.next_id += 1
+    def readopt(self, role: Role, sec: EngineSection, npi: int, wanted: int) -> int:
+        """Assemble again, under their ids, lost instances whose nodes all came back running them."""
+        state, ctx = self.ctx.state, self.ctx
+        groups: dict[int, list[NodeRecord]] = {}
+        for n in self.by_order:
+            iid = n.reg.instance_id
+            if (
+                iid is not None
+                and iid >= state.next_instance_id  # the log never heard of it (not a terminated one)
+                and n.reg.running_endpoints
+                and n.reg.role == role
+                and n.node_id not in self.taken
+                and assemblable(state, n, sec.engine_type, ctx.idx)
+            ):
+                groups.setdefault(iid, []).append(n)
+        made = 0
+        for iid, nodes in sorted(groups.items()):
+            if len(nodes) == npi and made < wanted:
+                made += 1
+                self.add(role, sec, nodes, f"{iid} again", iid=iid)
+            elif (
+                len(nodes) < npi
+                and ctx.now - max(n.registered_ts for n in nodes) < ctx.cfg.controller.heartbeat_timeout
+            ):
+                self.held.update(n.node_id for n in nodes)
+        return made
+
+    def add(
+        self, role: Role, sec: EngineSection, picked: list[NodeRecord], of: str, *, iid: int | None = None
+    ) -> None:
+        readopted = iid is not None
+        if iid is None:
+            iid = max(self.next_id, self.claimed_floor)
+        self.next_id = max(self.next_id, iid + 1)
         self.taken.update(n.node_id for n in picked)
         members = tuple(
             InstanceMember(node_id=n.node_id, node_rank=r, ip=n.reg.pod_ip, endpoints=n.reg.endpoints)
@@ -94,10 +146,21 @@ class _Plan:
             capabilities=picked[0].reg.capabilities,
         )
         newest = max(picked, key=lambda n: n.registered_seq)
-        borrowed = "" if picked[0].reg.role == role else f" from {picked[0].reg.role.value} nodes (ScaleP2D)"
-        why = f"assembling {role.value} instance {iid} ({of}) on {', '.join(n.node_id for n in picked)}{borrowed}"
+        on = ", ".join(n.node_id for n in picked)
+        if readopted:
+            why = (
+                f"re-adopting {role.value} instance {iid} on {on}: its nodes re-registered running it, "
+                "the log no longer has it (lost tail)"
+            )
+            key: tuple[object, ...] = ("readopt", *(n.registered_id for n in picked))
+        else:
+            borrowed = (
+                "" if picked[0].reg.role == role else f" from {picked[0].reg.role.value} nodes (ScaleP2D)"
+            )
+            why = f"assembling {role.value} instance {iid} ({of}) on {on}{borrowed}"
+            key = tuple(n.node_id for n in picked)
         cause = Cause(newest.registered_seq, newest.registered_id, why)
-        self.out.append(self.ctx.assembled(data, cause, *(n.node_id for n in picked)))
+        self.out.append(self.ctx.assembled(data, cause, *key))
 
     def peer_ips(
         self, role: Role, sec: EngineSection, members: tuple[InstanceMember, ...]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -13,6 +14,7 @@ import pytest
 import pytest_asyncio
 from nats.aio.client import Client
 from nats.js import JetStreamContext
+from nats.js.errors import NoKeysError
 
 from core.events import FaultReported, FaultReportedData, PrecisionAlarmRaised, PrecisionAlarmRaisedData
 from core.ids import new_id
@@ -186,3 +188,32 @@ async def test_precision_alarm_isolates_the_pair_restarts_it_and_clears(cluster:
     assert states == {d: ["ACTIVE"], p: ["ACTIVE"]}, trail
     starts = cluster.tail.events(lambda ev: ev.type == "command.start", after=mark)
     assert sorted(s.data.node_id for s in starts) == ["d1", "p1"]
+
+
+async def test_lost_log_tail_readopts_the_running_instance_under_its_id(
+    cluster: Cluster, js: JetStreamContext
+) -> None:
+    """The log and the controller's checkpoint are lost while the engines keep running: a new
+    controller re-adopts the instance under its old id, and the engine is never restarted."""
+    from streams.definitions import CHECKPOINT_BUCKET, MOTOR_STREAM
+
+    ids = await up(cluster, {"n1": "union"}, union=1)
+    iid = ids["union"]
+    pid = await engine_pid(cluster.agents["n1"])
+    cluster.controllers["c1"].kill9()
+    await js.purge_stream(MOTOR_STREAM)
+    kv = await js.key_value(CHECKPOINT_BUCKET)
+    with contextlib.suppress(NoKeysError):  # none saved yet is the same loss
+        for key in await kv.keys():
+            await kv.delete(key)
+    mark = cluster.tail.index()
+    cluster.controller("c2")
+    # The agent notices its registration is gone and registers again with what it runs.
+    reg = await cluster.tail.wait(
+        lambda ev: ev.type == "node.registered" and ev.data.node_id == "n1", after=mark, within=30
+    )
+    assert (reg.data.instance_id, reg.data.running_endpoints) == (iid, (0,))
+    asm = await cluster.tail.wait(assembled("union"), after=mark, within=60)
+    assert asm.data.instance_id == iid and asm.caused_by.id == reg.id
+    await cluster.tail.wait(state_is(iid, "ACTIVE"), after=mark, within=60)
+    assert await engine_pid(cluster.agents["n1"]) == pid  # kept serving: never restarted

@@ -208,3 +208,74 @@ def test_decisions_have_derived_ids_independent_of_now() -> None:
     assert a == b and a
     log.commit(log.decide())
     assert not {d.id for d in log.decide()} & set(a)  # re-deciding after applying adds nothing old
+
+
+# ------------------------------------------------------------------ a lost log tail
+
+
+def test_lost_tail_instance_is_readopted_under_its_id() -> None:
+    """The log lost instance 7, its node still runs it: assembled again as 7, engines kept."""
+    log = Log(config(union=2))
+    reg = log.register("n1", instance_id=7, running_endpoints=(0,))
+    assert reg == 1
+    log.register("n2")
+    first = log.step()
+    assert sorted((d.event.data.instance_id, d.event.data.members[0].node_id) for d in first) == [  # type: ignore[attr-defined]
+        (7, "n1"),
+        (8, "n2"),  # a new instance never takes an id a node still runs
+    ]
+    why = next(d.event.caused_by for d in first if d.event.data.instance_id == 7)  # type: ignore[attr-defined]
+    assert why is not None and why.seq == 1  # n1's registration
+    log.bring_up()
+    assert (log.inst(7), log.inst(8)) == (InstanceState.ACTIVE, InstanceState.ACTIVE)
+    assert log.state.next_instance_id == 9
+
+
+def test_a_terminated_instance_is_never_revived() -> None:
+    """The log knows instance 1 ended (ids below next_instance_id): a node still running it
+    is an ordinary free node."""
+    log = Log(config(union=1))
+    log.register("n1")
+    log.bring_up()
+    assert log.inst(1) == InstanceState.ACTIVE
+    log.fault("n1", FaultLevel.L5)
+    log.settle()
+    assert log.inst(1) is None and log.state.next_instance_id == 2
+    log.register("n2", instance_id=1, running_endpoints=(0,))
+    ds = log.step()
+    assert [(d.event.data.instance_id, d.event.data.members[0].node_id) for d in ds] == [(2, "n2")]  # type: ignore[attr-defined]
+
+
+def test_multinode_instance_waits_for_all_its_nodes_then_a_grace() -> None:
+    log = Log(config(union=1, nnodes=2))
+    log.register("a", instance_id=5, running_endpoints=(0,))
+    log.register("b")  # free: with "a" it could make a new instance, but "a" is held
+    assert log.decide() == []
+    log.register("c", instance_id=5, running_endpoints=(0,))
+    ds = log.step()
+    assert [(d.event.data.instance_id, [m.node_id for m in d.event.data.members]) for d in ds] == [  # type: ignore[attr-defined]
+        (5, ["a", "c"])
+    ]
+
+
+def test_held_nodes_are_free_again_after_the_grace() -> None:
+    log = Log(config(union=1, nnodes=2))
+    log.register("a", instance_id=5, running_endpoints=(0,))
+    log.register("b")
+    assert log.decide() == []
+    log.tick(log.cfg.controller.heartbeat_timeout + 1)
+    ds = log.step()
+    assert [(d.event.data.instance_id, [m.node_id for m in d.event.data.members]) for d in ds] == [  # type: ignore[attr-defined]
+        (6, ["a", "b"])  # its peer never came back: "a" joins a new instance (above the id it ran)
+    ]
+
+
+def test_new_instances_of_an_earlier_role_skip_ids_a_later_role_readopts() -> None:
+    log = Log(config(prefill=1, decode=1))  # decode is assembled before prefill
+    log.register("p1", Role.PREFILL, instance_id=3, running_endpoints=(0,))
+    log.register("d1", Role.DECODE)
+    ds = log.step()
+    assert sorted((d.event.data.instance_id, d.event.data.role) for d in ds) == [  # type: ignore[attr-defined]
+        (3, Role.PREFILL),
+        (4, Role.DECODE),
+    ]
