@@ -109,7 +109,7 @@ class ControllerService:
             stack.push_async_callback(_close, nc)
             js = nc.jetstream()
             await ensure_streams(js, self.cfg.nats, lease_ttl=ctrl.lease_ttl)
-            await self._load_checkpoint(js)
+            await self._load_checkpoint(nc, js)
             self._appender = Appender(js, self.fold, self.metrics)
             self._lease = Lease(js, self.id, ctrl.lease_ttl)
             stack.push_async_callback(self._step_down_and_release)
@@ -142,11 +142,23 @@ class ControllerService:
                 if stuck:
                     log.error("tasks did not stop: %s", ", ".join(t.get_name() for t in stuck))
 
-    async def _load_checkpoint(self, js: JetStreamContext) -> None:
+    async def _load_checkpoint(self, nc: Client, js: JetStreamContext) -> None:
         try:
             state = await load_checkpoint(js, self.checkpoint_key)
         except StreamsError as exc:
             log.warning("checkpoint unusable (%s); replaying the whole log", exc)
+            state = None
+        if state is not None and state.last_seq > (last := await stream_last_seq(nc, MOTOR_STREAM)):
+            # The log lost its tail after the checkpoint: new events will reuse those sequence
+            # numbers, and the checkpoint tells of a past the log no longer has. The log wins;
+            # nodes re-register with what they run and lost instances are re-adopted.
+            log.warning(
+                "checkpoint at seq %d is ahead of %s (last seq %d): the log lost its tail; "
+                "replaying the log instead",
+                state.last_seq,
+                MOTOR_STREAM,
+                last,
+            )
             state = None
         if state is not None:
             log.info(

@@ -12,7 +12,7 @@ import zlib
 
 import orjson
 from nats.js import JetStreamContext
-from nats.js.errors import BucketNotFoundError, KeyNotFoundError
+from nats.js.errors import BucketNotFoundError, KeyDeletedError, KeyNotFoundError
 from nats.js.errors import Error as JsError
 
 from core.state import ClusterState, state_from_dict, state_to_dict
@@ -65,7 +65,7 @@ async def load_checkpoint(js: JetStreamContext, key: str) -> ClusterState | None
         entry = await kv.get(_check_key(key))
     except BucketNotFoundError:
         raise CheckpointError(f"KV bucket {CHECKPOINT_BUCKET} missing (run ensure_streams)") from None
-    except KeyNotFoundError:
+    except (KeyNotFoundError, KeyDeletedError):  # never saved, or deleted to force a full replay
         return None
     if entry.value is None:
         return None

@@ -179,6 +179,31 @@ async def test_checkpoint_then_tail_gives_the_state_of_a_full_replay(
         assert got == want
 
 
+async def test_a_checkpoint_ahead_of_the_log_is_set_aside_for_the_log(
+    nats_server: EmbeddedNats, nc: Client, js: JetStreamContext
+) -> None:
+    """The log lost its tail after the checkpoint (its sequences will be reused): the
+    checkpoint tells of a past the log no longer has, so the controller replays the log."""
+    from streams.checkpoint import save_checkpoint
+    from streams.definitions import CHECKPOINT_BUCKET, MOTOR_STREAM
+    from streams.reader import stream_last_seq
+
+    pub = Publisher(js)
+    await pub.publish(registration("real", "10.3.0.1"))
+    last = await stream_last_seq(nc, MOTOR_STREAM)
+    ghost = apply(ClusterState(), registration("ghost", "10.3.0.9"), last + 1_000_000)
+    await save_checkpoint(js, "controller", ghost)
+    try:
+        async with running(ControllerService(cfg(), controller_id="c1", nats_urls=[nats_server.url])) as svc:
+            assert svc.fold.complete  # folded from the first sequence, not from the checkpoint
+            assert "real" in svc.state.nodes and "ghost" not in svc.state.nodes
+    finally:
+        kv = await js.key_value(CHECKPOINT_BUCKET)
+        cp = await load_checkpoint(js, "controller")
+        if cp is not None and "ghost" in cp.nodes:
+            await kv.delete("controller")
+
+
 async def test_a_deposed_leaders_late_write_fails_on_the_subject_guard(
     nats_server: EmbeddedNats, nc: Client, js: JetStreamContext
 ) -> None:

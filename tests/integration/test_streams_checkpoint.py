@@ -34,6 +34,19 @@ async def test_missing_checkpoint_is_none(js: JetStreamContext) -> None:
     assert await load_checkpoint(js, "nobody") is None
 
 
+async def test_deleted_checkpoint_is_none(js: JetStreamContext) -> None:
+    """An operator deletes the checkpoint to force a full replay: that is no checkpoint."""
+    from streams.definitions import CHECKPOINT_BUCKET
+
+    await save_checkpoint(js, "to-delete", fold([(1, registered("a"))]))
+    kv = await js.key_value(CHECKPOINT_BUCKET)
+    await kv.delete("to-delete")
+    assert await load_checkpoint(js, "to-delete") is None
+    await save_checkpoint(js, "to-purge", fold([(1, registered("a"))]))
+    await kv.purge("to-purge")
+    assert await load_checkpoint(js, "to-purge") is None
+
+
 async def test_bad_checkpoint_key_names_the_key(js: JetStreamContext) -> None:
     with pytest.raises(CheckpointError, match="no spaces"):
         await load_checkpoint(js, "no spaces")
