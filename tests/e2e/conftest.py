@@ -137,8 +137,8 @@ class Harness:
         return node.reg.endpoints[0].business_port
 
 
-def engine_pid(port: int) -> int:
-    """The pid of the engine process serving `port` (found by its command line)."""
+def engine_pid(port: int, word: bytes = b"engine") -> int:
+    """The pid of the process serving `port` whose command line holds `word` (found in /proc)."""
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -146,11 +146,11 @@ def engine_pid(port: int) -> int:
             argv = (entry / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"engine" in argv and b"--port" in argv:
+        if word in argv and b"--port" in argv:
             i = argv.index(b"--port")
             if i + 1 < len(argv) and argv[i + 1] == str(port).encode():
                 return int(entry.name)
-    raise AssertionError(f"no engine process on port {port}")
+    raise AssertionError(f"no {word.decode()} process on port {port}")
 
 
 @contextlib.asynccontextmanager

@@ -296,6 +296,23 @@ async def stream_text(
     return text, chunks
 
 
+async def assert_stream_survives_death(c: Coordinator, dying: Engine, body: dict[str, Any]) -> None:
+    """Stream `body` until `dying` (set to die mid-stream) has died serving one; the client
+    must still have seen one whole stream: one id, the full token budget, [DONE]."""
+    async with aiohttp.ClientSession() as s:
+        for _ in range(6):
+            text, chunks = await stream_text(s, f"{c.url}/v1/completions", body)
+            if not dying.alive():
+                break
+    assert not dying.alive(), "the dying engine never served a stream"
+    pieces = [ch for ch in chunks if "choices" in ch]
+    assert len({ch["id"] for ch in pieces}) == 1
+    assert sum(1 for ch in pieces if ch["choices"][0]["text"]) == body["max_tokens"]
+    assert chunks[-1] == {"done": True}
+    assert text
+    assert "continuing elsewhere" in c.log_text()
+
+
 async def wait_routable(coord: Coordinator, body: dict[str, Any] | None = None, within: float = 30.0) -> None:
     """Poll with a one-token completion until the coordinator routes it (200)."""
     body = body or {"model": MODEL, "prompt": "ping", "max_tokens": 1}

@@ -2,28 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
-import pytest_asyncio
-from nats.aio.client import Client
-from nats.js import JetStreamContext
-
-from streams.server import EmbeddedNats
 from tests.integration.controller_harness import Cluster, assembled, state_is
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def cluster(
-    nats_server: EmbeddedNats, nc: Client, js: JetStreamContext, tmp_path: Path
-) -> AsyncIterator[Cluster]:
-    c = Cluster(tmp_path, nats_server.url, nc)
-    await c.start_tail()
-    try:
-        yield c
-    finally:
-        await c.close()
 
 
 async def test_union_instance_assembled_started_and_active(cluster: Cluster) -> None:

@@ -6,10 +6,8 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
-import pytest_asyncio
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
@@ -36,18 +34,6 @@ from streams.publisher import Publisher
 from streams.reader import read_range
 from streams.server import EmbeddedNats
 from tests.integration.controller_harness import CONTROLLER, Cluster, operator_event, state_is
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def cluster(
-    nats_server: EmbeddedNats, nc: Client, js: JetStreamContext, tmp_path: Path
-) -> AsyncIterator[Cluster]:
-    c = Cluster(tmp_path, nats_server.url, nc)
-    await c.start_tail()
-    try:
-        yield c
-    finally:
-        await c.close()
 
 
 async def test_leader_killed_mid_scenario_standby_decides_within_3s_without_repeating_starts(

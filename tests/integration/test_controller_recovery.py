@@ -6,33 +6,16 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-import pytest_asyncio
-from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.errors import NoKeysError
 
 from core.events import FaultReported, FaultReportedData, PrecisionAlarmRaised, PrecisionAlarmRaisedData
 from core.ids import new_id
 from streams.publisher import Publisher
-from streams.server import EmbeddedNats
 from tests.integration.controller_harness import Cluster, assembled, engine_pid, operator_event, state_is
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def cluster(
-    nats_server: EmbeddedNats, nc: Client, js: JetStreamContext, tmp_path: Path
-) -> AsyncIterator[Cluster]:
-    c = Cluster(tmp_path, nats_server.url, nc)
-    await c.start_tail()
-    try:
-        yield c
-    finally:
-        await c.close()
 
 
 async def up(cluster: Cluster, nodes: dict[str, str], **cfg: Any) -> dict[str, int]:

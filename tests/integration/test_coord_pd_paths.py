@@ -19,6 +19,7 @@ from tests.integration.coord_harness import (
     MODEL,
     Cluster,
     Engine,
+    assert_stream_survives_death,
     post,
     start_coordinator,
     start_engine,
@@ -135,19 +136,7 @@ async def test_decode_death_mid_stream_continues_on_another_pair(
         for e in (engines["prefill"], engines["decode"], dying):
             await cluster.add(e, engine_type="vllm", capabilities=["handoff"])
         await wait_routable(c)
-        body = {**COMP, "max_tokens": 12, "stream": True}
-        async with aiohttp.ClientSession() as s:
-            for _ in range(6):
-                text, chunks = await stream_text(s, f"{c.url}/v1/completions", body)
-                if not dying.alive():
-                    break
-        assert not dying.alive(), "the dying decode never served a stream"
-        pieces = [ch for ch in chunks if "choices" in ch]
-        assert len({ch["id"] for ch in pieces}) == 1
-        assert sum(1 for ch in pieces if ch["choices"][0]["text"]) == 12
-        assert chunks[-1] == {"done": True}
-        assert text
-        assert "continuing elsewhere" in c.log_text()
+        await assert_stream_survives_death(c, dying, {**COMP, "max_tokens": 12, "stream": True})
     finally:
         c.stop()
         dying.stop()

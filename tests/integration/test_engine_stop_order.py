@@ -29,7 +29,7 @@ signal.signal(signal.SIGTERM, on_term)
 with open(out, "a") as f:
     f.write("ready\n")
 while True:
-    time.sleep(1)
+    signal.pause()  # until SIGTERM
 """
 CHILD = r"""
 import signal, sys, time
@@ -40,7 +40,7 @@ def on_term(*_):
     sys.exit(0)
 signal.signal(signal.SIGTERM, on_term)
 while True:
-    time.sleep(1)
+    signal.pause()  # until SIGTERM
 """
 
 

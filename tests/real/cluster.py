@@ -20,6 +20,7 @@ from core.state import ClusterState
 from deploy.cluster import LocalCluster
 from deploy.watch import StateWatcher
 from streams.connection import connect
+from tests.e2e.conftest import engine_pid as serving_pid
 from tests.e2e.conftest import free_ports
 from tests.integration.nodeagent_harness import EventTail
 from tests.real.vllm_proc import ROOT, STARTUP_TIMEOUT
@@ -136,19 +137,8 @@ async def real_cluster(root: Path, raw: dict[str, Any], nodes: int) -> AsyncIter
 
 
 def engine_pid(port: int) -> int:
-    """The pid of the `vllm serve` main process listening on `port` (by its command line)."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"serve" in argv and b"--port" in argv:
-            i = argv.index(b"--port")
-            if i + 1 < len(argv) and argv[i + 1] == str(port).encode():
-                return int(entry.name)
-    raise AssertionError(f"no vLLM process serving port {port}")
+    """The pid of the `vllm serve` main process listening on `port`."""
+    return serving_pid(port, b"serve")
 
 
 def group_members(pgid: int) -> list[int]:
