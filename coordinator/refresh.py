@@ -100,7 +100,7 @@ def _static(raw: Any, f: str) -> dict[str, Any]:
     out["total_slots_num"] = _uint(s.get("total_slots_num"), f"{f}.total_slots_num", 1, 5000)
     out["total_block_num"] = _uint(s.get("total_block_num"), f"{f}.total_block_num", 1)
     out["block_size"] = _uint(s.get("block_size"), f"{f}.block_size", 1, 128)
-    out["label"] = _uint(s.get("label"), f"{f}.label")
+    out["label"] = check_label(_uint(s.get("label"), f"{f}.label"), f"{f}.label")
     out["role"] = _uint(s.get("role"), f"{f}.role")
     if out["role"] not in (ROLE_PREFILL, ROLE_DECODE, ROLE_UNDEF):
         raise RefreshError(f"{f}.role", f"must be 80 (prefill), 68 (decode) or 85 (undef), got {out['role']}")
@@ -109,6 +109,13 @@ def _static(raw: Any, f: str) -> dict[str, Any]:
     if out["role"] == ROLE_DECODE and out["label"] == LABEL_PREFILL:
         raise RefreshError(f"{f}.label", "is 2 (prefill) but role is 68 (decode)")
     return out
+
+
+def check_label(label: int, field: str) -> int:
+    """Seed 001: `static_info.label` is 2 (prefill) or 3 (decode), whatever the role."""
+    if label not in (LABEL_PREFILL, LABEL_DECODE):
+        raise RefreshError(field, f"must be 2 (prefill) or 3 (decode), got {label}")
+    return label
 
 
 def _dynamic(raw: Any, f: str, static: dict[str, Any]) -> dict[str, Any]:

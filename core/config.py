@@ -40,18 +40,54 @@ class NatsConfig(_Strict):
 
 
 class HealthCheckConfig(_Strict):
+    """Native `/health` probing (seed 002 `health_check_config`).
+
+    `timeout` is one request's limit (the seed's `health_collector_timeout`, 5 s);
+    `retry_attempts` the attempts of one check, the first included, spent only on timeouts
+    (`health_collector_timeout_retry_attempts`): a refused connection or an HTTP error fails
+    the check at once. Before the first success, failures keep the endpoint STARTING for
+    `startup_timeout` (model loading).
+    """
+
     startup_timeout: float = Field(1800.0, gt=0)
     interval: float = Field(1.0, gt=0)
-    timeout: float = Field(2.0, gt=0)
-    retry_attempts: int = Field(3, ge=0)
+    timeout: float = Field(5.0, gt=0)
+    retry_attempts: int = Field(3, ge=1)
+
+
+class FaultToleranceConfig(_Strict):
+    """The node agent's fault reporter (seed 002 NodeManager `fault_tolerance_config`).
+
+    `enabled` None: on when the engine config enables fault tolerance
+    (`engine_config.enable_fault_tolerance`), as the seed's NodeManager does.
+    """
+
+    enabled: bool | None = None
+    poll_interval: float = Field(5.0, gt=0)
+    poll_timeout: float = Field(5.0, gt=0)
+    max_poll_failures: int = Field(3, ge=1)
+
+
+DEFAULT_SNAPSHOT_METADATA = "/snapshot/snapshot_metadata.json"
 
 
 class SnapshotConfig(_Strict):
+    """Container snapshot (vLLM only). The metadata file defaults to the seed's path;
+    `metadata_dir` (older configs) puts `snapshot_metadata.json` in that directory instead."""
+
     enabled: bool = False
-    metadata_dir: str = ".motor/snapshot"
+    metadata_path: str = DEFAULT_SNAPSHOT_METADATA
+    metadata_dir: str | None = None
     checkpoint_marker: str = "checkpoint"
     model_save_path: str | None = None
     model_load_path: str | None = None
+    namespace: str | None = None  # written to the metadata; a restored node re-resolves DNS with it
+
+    def metadata_file(self) -> str:
+        """Where the metadata file is: `<metadata_dir>/snapshot_metadata.json`, else `metadata_path`."""
+        if self.metadata_dir is not None:
+            return str(PurePath(self.metadata_dir) / "snapshot_metadata.json")
+        return self.metadata_path
 
 
 class EngineSection(_Strict):
@@ -68,6 +104,7 @@ class EngineSection(_Strict):
     launcher: list[str] | None = None
     dispatch_profile: Literal["handoff", "trigger", "bootstrap"] | None = None
     health_check_config: HealthCheckConfig = HealthCheckConfig()
+    fault_tolerance: FaultToleranceConfig = FaultToleranceConfig()
     devices_per_node: int = Field(0, ge=0)
     snapshot: SnapshotConfig = SnapshotConfig()
 
@@ -90,6 +127,15 @@ class EngineSection(_Strict):
         if local:
             return int(local)
         return max(1, self.dp_size() // self.nodes_per_instance())
+
+    def fault_reporter_on(self) -> bool:
+        """Whether the node agent polls `/fault_tolerance/status`: explicit, else the engine's FT flag."""
+        if self.fault_tolerance.enabled is not None:
+            return self.fault_tolerance.enabled
+        value = self.engine_value("enable_fault_tolerance")
+        if isinstance(value, str):
+            return value.strip().lower() in ("1", "true", "yes", "on")
+        return bool(value)
 
     def bootstrap_port(self) -> int | None:
         value = self.engine_value("disaggregation_bootstrap_port")
@@ -165,7 +211,10 @@ class NodeAgentConfig(_Strict):
     engine_port_base: int = Field(9000, ge=1, le=65535)
     heartbeat_interval: float = Field(1.0, gt=0)
     stop_grace: float = Field(10.0, gt=0)
-    fault_reporter: bool = False
+    fault_reporter: bool = False  # on for every section, whatever its fault_tolerance says
+    # Consecutive heartbeats with an ABNORMAL endpoint after which the node declares itself
+    # failed (seed 002 HeartbeatManager: 5); 0 turns the rule off.
+    suicide_threshold: int = Field(5, ge=0)
     log_dir: str = ".motor/logs"
     job_name: str = "motor"
 

@@ -68,7 +68,10 @@ def register(sub: Any) -> None:
         "--resync-interval", type=float, default=5.0, help="seconds between log/ground-truth checks"
     )
     p.add_argument(
-        "--fault-poll-interval", type=float, default=5.0, help="seconds between /fault_tolerance/status polls"
+        "--fault-poll-interval",
+        type=float,
+        default=None,
+        help="seconds between /fault_tolerance/status polls; default: the section's fault_tolerance.poll_interval",
     )
     p.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
     p.set_defaults(func=_run)
@@ -85,6 +88,20 @@ def _int(value: Any, flag: str) -> int:
         return int(value)
     except (TypeError, ValueError):
         raise SystemExit(f"motor nodeagent: {flag} must be an integer, got {value!r}") from None
+
+
+def _restored_urls(cfg: Any, role: Any, pod_ip: str, urls: list[str] | None) -> list[str] | None:
+    """NATS URLs for a container restored from a snapshot: cluster DNS moved to its namespace."""
+    from nodeagent.snapshot import Snapshot, with_namespace
+
+    section = cfg.section(role)
+    if section is None or not section.snapshot.enabled:
+        return urls
+    snap = Snapshot(section.snapshot, pod_ip, lambda phase, meta: None, lambda: False)
+    namespace = snap.restored_namespace()
+    if namespace is None:
+        return urls
+    return with_namespace(urls or list(cfg.nats.urls), namespace)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -119,6 +136,8 @@ def _run(args: argparse.Namespace) -> int:
         na = cfg.nodeagent
         device_env = args.device_env or (ASCEND_ENV if os.path.exists("/dev/davinci_manager") else CUDA_ENV)
         log_dir = Path(args.log_dir or na.log_dir)
+        nats_urls = [u.strip() for u in args.nats_url.split(",") if u.strip()] if args.nats_url else None
+        nats_urls = _restored_urls(cfg, Role(args.role), args.ip or na.host, nats_urls)
         settings = AgentSettings(
             config=cfg,
             node_id=args.node_id,
@@ -134,7 +153,7 @@ def _run(args: argparse.Namespace) -> int:
             job_name=args.job_name or na.job_name,
             log_dir=log_dir,
             run_dir=Path(args.run_dir) if args.run_dir else None,
-            nats_urls=[u.strip() for u in args.nats_url.split(",") if u.strip()] if args.nats_url else None,
+            nats_urls=nats_urls,
             device_env=device_env,
             keep_engines=args.keep_engines,
             resync_interval=args.resync_interval,

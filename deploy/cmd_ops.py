@@ -22,12 +22,22 @@ def register(sub: Any) -> None:
     fsub = fault.add_subparsers(dest="fault_cmd", metavar="ACTION", required=True)
     rep = fsub.add_parser("report", help="append fault.reported for a node")
     rep.add_argument("--node", required=True, help="node id, e.g. n7")
-    rep.add_argument("--level", required=True, choices=LEVELS, help="Motor fault level")
-    rep.add_argument("--code", required=True, help="fault code, e.g. CardUnhealthy")
+    rep.add_argument(
+        "--level",
+        choices=LEVELS,
+        help="Motor fault level; default: the fault-code table's (core/faultcodes.py)",
+    )
+    rep.add_argument("--code", required=True, help="fault code, e.g. CardUnhealthy, NODE_REBOOT or 0x0000001")
+    rep.add_argument(
+        "--handling",
+        help="MindCluster fault_handling (e.g. RestartNPU) that decides the level of a device fault",
+    )
     rep.add_argument("--message", default="")
     rep.add_argument("--instance", type=int, default=None, help="instance id, if known")
     rep.add_argument("--endpoint", type=int, default=None, help="endpoint id, if known")
-    rep.add_argument("--kind", default="hardware", choices=["hardware", "software", "operator"])
+    rep.add_argument(
+        "--kind", choices=["hardware", "software", "operator"], help="default: the table's, else hardware"
+    )
     add_nats_args(rep)
     rep.set_defaults(func=_fault_report)
     clr = fsub.add_parser("clear", help="append fault.cleared (one fault, or every open fault of a node)")
@@ -77,8 +87,19 @@ async def _publish(args: argparse.Namespace, event: Any) -> int:
 
 
 def _fault_report(args: argparse.Namespace) -> int:
+    from core import faultcodes
     from core.events import FaultReported, FaultReportedData
     from core.ids import new_id
+
+    entry = faultcodes.lookup(args.code)
+    if args.level is None:
+        try:
+            args.level = faultcodes.level_for(args.code, args.handling)
+        except faultcodes.UnknownFaultCode as exc:
+            print(f"motor fault report: {exc}", file=sys.stderr)
+            return 2
+    args.code = faultcodes.canonical(args.code)
+    args.kind = args.kind or (entry.kind if entry is not None else "hardware")
 
     async def go(a: argparse.Namespace) -> int:
         fid = f"f-{new_id()[:12]}"

@@ -50,6 +50,7 @@ from nodeagent.registration import build_registration
 from nodeagent.resync import Observer, Running
 from nodeagent.settings import AgentSettings
 from nodeagent.snapshot import Snapshot
+from nodeagent.suicide import suicide_watch
 from streams.connection import NatsOptions, connect
 from streams.definitions import ensure_streams
 from streams.publisher import Publisher
@@ -146,12 +147,14 @@ class NodeAgent:
                 self._snapshot.mark_restored()
 
             heartbeats = Heartbeats(s, publisher, session, self.engines, self.metrics, self._snapshot_pending)
+            if s.config.nodeagent.suicide_threshold:
+                heartbeats.on_beat = suicide_watch(s, self.engines, self.outbox.post, self.metrics).on_beat
             tasks = {
                 asyncio.create_task(consumer.run(), name="commands"),
                 asyncio.create_task(heartbeats.run(), name="heartbeats"),
                 asyncio.create_task(self._observer.run(), name="resync"),
             }
-            if s.config.nodeagent.fault_reporter:
+            if s.fault_reporter_on:
                 reporter = FaultReporter(s, self.engines, session, self.outbox.post, self.metrics)
                 tasks.add(asyncio.create_task(reporter.run(), name="faults"))
             if self._snapshot is not None:

@@ -21,7 +21,7 @@ from core.events import EndpointSpec, EndpointStatus, StartCommandData
 from nodeagent import runstate
 from nodeagent.backends import LaunchContext, LaunchSpec, backend_for
 from nodeagent.errors import CommandRefusal
-from nodeagent.health import HealthTracker, probe
+from nodeagent.health import HealthTracker, check
 from nodeagent.loadmetrics import Load
 from nodeagent.runstate import EndpointRun, RunState
 from nodeagent.settings import AgentSettings, device_env, split_devices
@@ -264,7 +264,7 @@ class Engines:
         loop = asyncio.get_running_loop()
         url = ep.url("/health")
         while ep.live and not ep.stopping:
-            ok, detail = await probe(self.session, url, cfg.timeout)
+            ok, detail = await check(self.session, url, cfg)
             if not ep.live or ep.stopping:
                 return
             t = ep.tracker.observe(ok, detail, loop.time())

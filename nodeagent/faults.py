@@ -1,8 +1,12 @@
 """Fault reporter: polls each engine's `/fault_tolerance/status` and reports changes.
 
-`unhealthy` becomes an L3 software fault, `dead` (or `max_poll_failures` failed polls in a
-row while the process lives) an L5 one; back to `healthy` clears it. One fault id per
-endpoint, engine incarnation and code, so a repeated report is deduplicated by JetStream.
+On when the engine config enables fault tolerance (or the section's `fault_tolerance.enabled`
+says so, seed 002). Every `poll_interval` s (default 5) each serving engine is asked, each
+request bounded by `poll_timeout` (default 5 s, its own limit, not the health check's).
+`unhealthy` and `dead` (or `max_poll_failures` failed polls in a row while the process
+lives) are reported at the level the fault-code table gives `engine_unhealthy` /
+`engine_dead`; back to `healthy` clears it. One fault id per endpoint, engine incarnation
+and code, so a repeated report is deduplicated by JetStream.
 """
 
 from __future__ import annotations
@@ -17,12 +21,12 @@ from typing import Any
 import aiohttp
 import orjson
 
+from core import faultcodes
 from core.events import (
     EndpointStatus,
     EventBase,
     FaultCleared,
     FaultClearedData,
-    FaultLevel,
     FaultReported,
     FaultReportedData,
 )
@@ -33,8 +37,8 @@ from nodeagent.settings import AgentSettings
 
 log = logging.getLogger(__name__)
 
-LEVELS: dict[str, FaultLevel] = {"unhealthy": FaultLevel.L3, "dead": FaultLevel.L5}
 KNOWN = ("healthy", "unhealthy", "dead")
+CODES = {"unhealthy": faultcodes.ENGINE_UNHEALTHY, "dead": faultcodes.ENGINE_DEAD}
 
 
 def ft_status(body: Any) -> str | None:
@@ -85,7 +89,7 @@ class FaultTracker:
             status = "dead"
         else:
             self.failures = 0
-        code = None if status == "healthy" else f"engine_{status}"
+        code = None if status == "healthy" else CODES[status]
         if code == self.reported:
             return []
         actions: list[tuple[str, str]] = []
@@ -110,11 +114,11 @@ class FaultReporter:
 
     async def run(self) -> None:
         while True:
-            await asyncio.sleep(self.settings.fault_poll_interval)
+            await asyncio.sleep(self.settings.poll_interval)
             await self.poll_once()
 
     async def poll_once(self) -> None:
-        timeout = self.settings.section.health_check_config.timeout
+        ft = self.settings.section.fault_tolerance
         for ep in list(self.engines.endpoints.values()):
             if (
                 not ep.live
@@ -123,8 +127,8 @@ class FaultReporter:
             ):
                 continue
             # One tracker per engine incarnation: a restarted engine starts with a clean slate.
-            tracker = self.trackers.setdefault((ep.spec.id, ep.proc.pid), FaultTracker())
-            status = await poll(self.session, ep.url("/fault_tolerance/status"), timeout)
+            tracker = self.trackers.setdefault((ep.spec.id, ep.proc.pid), FaultTracker(ft.max_poll_failures))
+            status = await poll(self.session, ep.url("/fault_tolerance/status"), ft.poll_timeout)
             for action, code in tracker.observe(status):
                 self._emit(action, code, ep.spec.id, ep.proc.pid)
 
@@ -140,7 +144,7 @@ class FaultReporter:
         data = FaultReportedData(
             fault_id=fault_id,
             node_id=node,
-            level=LEVELS[code.removeprefix("engine_")],
+            level=faultcodes.level_for(code),
             code=code,
             message=f"endpoint {endpoint_id}: /fault_tolerance/status reports {code.removeprefix('engine_')}",
             instance_id=self.engines.instance_id,

@@ -1,9 +1,11 @@
-"""Health of one endpoint from its `/health` probes: a pure tracker plus the aiohttp probe.
+"""Health of one endpoint from its `/health` checks: a pure tracker plus the aiohttp check.
 
-Before the first success the engine is loading: failures keep it STARTING until
-`startup_timeout` has passed. After READY, a failed probe is retried `retry_attempts` times
-before the endpoint turns ABNORMAL; a later success makes it READY again. DEAD and STOPPED
-come from the process supervisor, never from probes.
+Seed 002's `health_check_config`: one check is up to `retry_attempts` requests (the first
+included) of `timeout` s each, and only a timeout earns another attempt; a refused
+connection or an HTTP error fails the check at once (`check`). Before the first success the
+engine is loading: failed checks keep it STARTING until `startup_timeout` has passed. After
+READY, a failed check turns it ABNORMAL; a later success makes it READY again. DEAD and
+STOPPED come from the process supervisor, never from checks.
 """
 
 from __future__ import annotations
@@ -31,10 +33,10 @@ class HealthTracker:
         self.started = started
         self.status = EndpointStatus.STARTING
         self.ever_ready = False
-        self.failures = 0  # consecutive failed probes
+        self.failures = 0  # consecutive failed checks
 
     def observe(self, ok: bool, detail: str, now: float) -> Transition | None:
-        """Record one probe result taken at `now` (monotonic seconds)."""
+        """Record one check result taken at `now` (monotonic seconds)."""
         if ok:
             self.failures = 0
             self.ever_ready = True
@@ -48,9 +50,7 @@ class HealthTracker:
                 EndpointStatus.ABNORMAL,
                 f"not healthy within startup_timeout {self.cfg.startup_timeout:g}s: {detail}",
             )
-        if self.failures <= self.cfg.retry_attempts:
-            return None
-        return self._to(EndpointStatus.ABNORMAL, f"health check failed {self.failures} times: {detail}")
+        return self._to(EndpointStatus.ABNORMAL, f"health check failed: {detail}")
 
     def _to(self, status: EndpointStatus, reason: str) -> Transition | None:
         if status == self.status:
@@ -59,20 +59,40 @@ class HealthTracker:
         return Transition(status, reason)
 
 
+TIMEOUT = "timeout"  # the `kind` of a probe that timed out: the only one retried
+
+
 async def probe(session: aiohttp.ClientSession, url: str, http_timeout: float) -> tuple[bool, str]:
     """GET `url`; (True, "") on HTTP 200, else (False, what went wrong)."""
+    ok, _, detail = await probe_kind(session, url, http_timeout)
+    return ok, detail
+
+
+async def probe_kind(session: aiohttp.ClientSession, url: str, http_timeout: float) -> tuple[bool, str, str]:
+    """One request: (ok, kind of failure — `timeout`, `connect`, `http`, `error` — , detail)."""
     try:
         async with session.get(url, timeout=aiohttp.ClientTimeout(total=http_timeout)) as resp:
             await resp.read()
             if resp.status == 200:
-                return True, ""
-            return False, f"HTTP {resp.status}"
+                return True, "", ""
+            return False, "http", f"HTTP {resp.status}"
     except TimeoutError:
-        return False, f"timeout after {http_timeout:g}s"
+        return False, TIMEOUT, f"timeout after {http_timeout:g}s"
     except aiohttp.ClientConnectorError as exc:
-        return False, f"connection failed ({exc.os_error.strerror or exc.os_error})"
+        return False, "connect", f"connection failed ({exc.os_error.strerror or exc.os_error})"
     except (aiohttp.ClientError, OSError) as exc:
-        return False, f"{type(exc).__name__}: {exc}"
+        return False, "error", f"{type(exc).__name__}: {exc}"
+
+
+async def check(session: aiohttp.ClientSession, url: str, cfg: HealthCheckConfig) -> tuple[bool, str]:
+    """One health check: up to `retry_attempts` requests, the next one only after a timeout."""
+    for _ in range(cfg.retry_attempts):
+        ok, kind, detail = await probe_kind(session, url, cfg.timeout)
+        if ok:
+            return True, ""
+        if kind != TIMEOUT:
+            return False, detail  # refused or answered with an error: not retried (seed 002)
+    return False, f"timed out {cfg.retry_attempts} times ({cfg.timeout:g}s each)"
 
 
 async def wait_healthy(session: aiohttp.ClientSession, url: str, http_timeout: float, within: float) -> bool:

@@ -48,6 +48,7 @@ class Heartbeats:
         self.snapshot_pending = snapshot_pending
         self.capacity = backend_for(settings.section.engine_type).capacity(settings.section)
         self._failing = False
+        self.on_beat: Callable[[HeartbeatData], None] | None = None  # sees every heartbeat sent
 
     async def run(self) -> None:
         interval = self.settings.heartbeat_interval
@@ -95,6 +96,8 @@ class Heartbeats:
         eps = sorted(self.engines.endpoints.values(), key=lambda e: e.spec.id)
         loads = await asyncio.gather(*(self._load(ep) for ep in eps))
         data = self.payload(list(zip(eps, loads, strict=True)))
+        if self.on_beat is not None:
+            self.on_beat(data)
         hb = Heartbeat(id=new_id(), ts=time.time(), source=f"nodeagent/{self.settings.node_id}", data=data)
         try:
             await self.publisher.publish(hb)

@@ -52,6 +52,13 @@ class AgentMetrics:
             registry=self.registry,
         )
 
+        self.abnormal_streak = Gauge(
+            "motor_nodeagent_abnormal_streak",
+            "Consecutive heartbeats with an ABNORMAL endpoint (the node declares itself failed at the threshold).",
+            labels,
+            registry=self.registry,
+        )
+
     def set_status(self, endpoint_id: int, status: EndpointStatus) -> None:
         for s in EndpointStatus:
             self.endpoint_status.labels(self.node_id, str(endpoint_id), s.value).set(1 if s == status else 0)

@@ -33,7 +33,7 @@ class AgentSettings:
     device_env: str = CUDA_ENV
     keep_engines: bool = False  # on a graceful exit, leave the engines running
     resync_interval: float = 5.0
-    fault_poll_interval: float = 5.0  # seed 002's poll_interval_sec
+    fault_poll_interval: float | None = None  # overrides the section's fault_tolerance.poll_interval
     python: str = field(default_factory=lambda: sys.executable)
 
     @property
@@ -45,6 +45,18 @@ class AgentSettings:
                 f"the config has no {self.role.value!r} engine section for --role {self.role.value}"
             )
         return sec
+
+    @property
+    def fault_reporter_on(self) -> bool:
+        """Poll `/fault_tolerance/status`: the cluster-wide switch, else the section's rule."""
+        return self.config.nodeagent.fault_reporter or self.section.fault_reporter_on()
+
+    @property
+    def poll_interval(self) -> float:
+        """Seconds between fault-tolerance polls (seed 002 `poll_interval_sec`)."""
+        if self.fault_poll_interval is not None:
+            return self.fault_poll_interval
+        return self.section.fault_tolerance.poll_interval
 
     @property
     def bind_host(self) -> str:

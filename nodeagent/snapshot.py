@@ -1,18 +1,21 @@
 """Container snapshot (vLLM only): metadata and observation; the engine suspends and resumes itself.
 
 The agent never calls the engine's `/suspend`, `/device_unlock` or `/resume`. It:
-1. writes `snapshot_metadata.json` in `snapshot.metadata_dir` on a start command
-   (`model_save_path`, `model_load_path`, `data_parallel_master_ip` — a value already in the
-   file wins, as after a restore — `job_name`, `pod_ip`) -> phase `metadata_prepared`;
+1. writes the metadata file (`snapshot.metadata_path`, default the seed's
+   `/snapshot/snapshot_metadata.json`) on a start command (`model_save_path`,
+   `model_load_path`, `job_name`, `pod_ip`; `data_parallel_master_ip` and `namespace` — a
+   value already in the file wins, as after a restore) -> phase `metadata_prepared`;
 2. sees every endpoint healthy: the engine image suspends itself there, the node reached its
    steady point -> `suspended` (heartbeats flagged `snapshot_pending`, `/readiness` 200 so
    the host side may checkpoint);
-3. sees the host's checkpoint marker (the file `<metadata_dir>/<checkpoint_marker>`, or
+3. sees the host's checkpoint marker (the file `<checkpoint_marker>` beside the metadata, or
    `"checkpoint": "done"` in the metadata) -> `checkpoint_done`;
 4. sees the engines healthy again after it -> `restored` (pending cleared).
 An agent starting in a restored container (the marker is present and the metadata's
 `pod_ip` is not ours, or `MOTOR_SNAPSHOT_RESTORED=1`) takes its job name from the metadata
-and re-registers with `restored=True`.
+and re-registers with `restored=True`; the metadata's `namespace` re-resolves cluster DNS
+names in its NATS URLs (`nats.<old-ns>.svc.cluster.local` -> `nats.<namespace>.svc…`), the
+seed's "refresh the Controller DNS".
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import orjson
 
@@ -30,7 +34,6 @@ from core.events import SnapshotPhase, StartCommandData
 
 log = logging.getLogger(__name__)
 
-METADATA_FILE = "snapshot_metadata.json"
 RESTORED_ENV = "MOTOR_SNAPSHOT_RESTORED"
 PENDING = frozenset({SnapshotPhase.SUSPENDED, SnapshotPhase.CHECKPOINT_DONE})
 
@@ -43,12 +46,13 @@ class Snapshot:
         self.pod_ip = pod_ip
         self.emit = emit
         self.all_ready = all_ready
-        self.dir = Path(cfg.metadata_dir)
+        self.path = Path(cfg.metadata_file())
+        self.dir = self.path.parent
         self.phase: SnapshotPhase | None = None
 
     @property
     def metadata_path(self) -> Path:
-        return self.dir / METADATA_FILE
+        return self.path
 
     @property
     def pending(self) -> bool:
@@ -71,7 +75,7 @@ class Snapshot:
 
     def _write(self, data: dict[str, Any]) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
-        tmp = self.metadata_path.with_name(METADATA_FILE + ".tmp")
+        tmp = self.metadata_path.with_name(self.metadata_path.name + ".tmp")
         tmp.write_bytes(orjson.dumps(data, option=orjson.OPT_INDENT_2))
         os.replace(tmp, self.metadata_path)
 
@@ -80,16 +84,27 @@ class Snapshot:
             return True
         return str(self.read().get("checkpoint", "")).lower() == "done"
 
-    def restored_job(self) -> str | None:
-        """At start-up: the job name to take over when this container was restored, else None."""
+    def restored_meta(self) -> dict[str, Any] | None:
+        """At start-up: the metadata when this container was restored from a snapshot, else None."""
         meta = self.read()
         if not meta or not self.checkpoint_done():
             return None
         moved = meta.get("pod_ip") not in (None, self.pod_ip)
         if not moved and os.environ.get(RESTORED_ENV) != "1":
             return None
-        job = meta.get("job_name")
+        return meta
+
+    def restored_job(self) -> str | None:
+        """At start-up: the job name to take over when this container was restored, else None."""
+        meta = self.restored_meta()
+        job = meta.get("job_name") if meta else None
         return str(job) if job else None
+
+    def restored_namespace(self) -> str | None:
+        """At start-up: the namespace a restored container's metadata names, else None."""
+        meta = self.restored_meta()
+        ns = meta.get("namespace") if meta else None
+        return str(ns) if ns else None
 
     def prepare(self, cmd: StartCommandData) -> dict[str, str]:
         """Write the metadata for a start command and report `metadata_prepared`."""
@@ -102,6 +117,8 @@ class Snapshot:
         }
         meta.update({k: v for k, v in fields.items() if v is not None})
         meta.setdefault("data_parallel_master_ip", cmd.master_dp_ip)
+        if self.cfg.namespace:
+            meta.setdefault("namespace", self.cfg.namespace)
         self._write(meta)
         shown = {k: str(v) for k, v in meta.items() if k != "checkpoint"}
         if self.phase != SnapshotPhase.RESTORED:
@@ -126,3 +143,18 @@ class Snapshot:
         log.info("snapshot: %s -> %s", self.phase and self.phase.value, phase.value)
         self.phase = phase
         self.emit(phase, metadata)
+
+
+def with_namespace(urls: list[str], namespace: str) -> list[str]:
+    """URLs whose host is a cluster DNS name (`svc.<ns>.svc[.cluster.local]`) moved to `namespace`."""
+    out = []
+    for url in urls:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        labels = host.split(".")
+        if len(labels) >= 3 and labels[2] == "svc" and labels[1] != namespace:
+            labels[1] = namespace
+            netloc = parts.netloc.replace(host, ".".join(labels), 1)
+            url = urlunsplit(parts._replace(netloc=netloc))
+        out.append(url)
+    return out

@@ -6,6 +6,8 @@ functions (`capabilities`, `capacity`, `launch`); `backend_for(engine_type)` pic
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Protocol, cast
@@ -27,6 +29,9 @@ class LaunchContext:
     node_rank: int = 0
     nnodes: int = 1
     python: str = "python3"  # the interpreter that runs `deploy.cli` (builtin engine)
+    # The environment the engine inherits (before the section's `env`): a default a backend
+    # adds must not override what the operator already set.
+    environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
 
 
 @dataclass(frozen=True, slots=True)

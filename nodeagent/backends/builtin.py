@@ -38,6 +38,7 @@ _TOPOLOGY_KEYS = frozenset(
         "disaggregation_mode",
         "model",
         "model_path",
+        "enable_fault_tolerance",  # Motor's fault-reporter switch; the builtin engine always has FT status
     }
 )
 

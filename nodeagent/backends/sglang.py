@@ -1,8 +1,10 @@
-"""SGLang: `python3 -m sglang.launch_server --model-path … --disaggregation-mode prefill|decode`.
+"""SGLang: `python3 -m sglang.launch_server --model-path … --disaggregation-mode prefill|decode|null`.
 
 SGLang runs its own P/D bootstrap protocol, so its capability is always "bootstrap"; the
 prefill engine serves the bootstrap port registered for the node. `--enable-metrics` is
-always on: heartbeats read load from `/metrics`. Multi-node (`nnodes > 1`): `--nnodes`,
+always on: heartbeats read load from `/metrics`. A union engine gets `--disaggregation-mode
+null` (seed 002), so a `disaggregation_mode` left in a shared engine_config cannot turn it
+into a P/D half. Mooncake over IPv6 gets `MC_USE_IPV6=1` (`mooncake_env`). Multi-node (`nnodes > 1`): `--nnodes`,
 `--node-rank`, `--dist-init-addr <master_dp_ip>:<dist_init_port>`; only rank 0 serves HTTP.
 """
 
@@ -13,6 +15,7 @@ from typing import Any
 from core.config import EngineSection
 from core.events import Capacity, Role
 from nodeagent.backends import LaunchContext, LaunchSpec, int_option
+from nodeagent.backends.mooncake_env import ipv6_env
 from nodeagent.errors import StartupError
 from nodeagent.flags import merge_options, to_flags
 
@@ -61,8 +64,7 @@ def launch(ctx: LaunchContext) -> LaunchSpec:
         "port": ep.business_port,
     }
     derived: dict[str, Any] = dict(base)
-    if ctx.role in (Role.PREFILL, Role.DECODE):
-        derived["disaggregation_mode"] = ctx.role.value
+    derived["disaggregation_mode"] = ctx.role.value if ctx.role in (Role.PREFILL, Role.DECODE) else "null"
     if ep.bootstrap_port is not None:
         derived["disaggregation_bootstrap_port"] = ep.bootstrap_port
     derived["enable_metrics"] = True
@@ -77,4 +79,4 @@ def launch(ctx: LaunchContext) -> LaunchSpec:
     for key in _MOTOR_KEYS:
         if key not in derived:
             options = merge_options(options, drop=(key,))
-    return LaunchSpec(argv=(*program, *to_flags(options)), serves_http=ctx.node_rank == 0)
+    return LaunchSpec(argv=(*program, *to_flags(options)), env=ipv6_env(ctx), serves_http=ctx.node_rank == 0)

@@ -12,6 +12,7 @@ Learned by running vLLM's CPU build on 2-core machines:
   (`VLLM_NIXL_SIDE_CHANNEL_HOST`, which the prefill echoes back in `kv_transfer_params`).
   With `kv_buffer_device: cpu` UCX must use TCP (`UCX_TLS=tcp,self`): there is no device
   transport to pick.
+- `MC_USE_IPV6=1` for Mooncake over IPv6 (`mooncake_env`).
 A variable the engine section sets in `env` always wins: these are defaults, not overrides.
 """
 
@@ -22,6 +23,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from nodeagent.backends import LaunchContext
+from nodeagent.backends.mooncake_env import ipv6_env
 
 # Distance of the NIXL side-channel port from the business port when the endpoint has no
 # registered bootstrap port: above the usual engine range (9000+), below ephemeral ports.
@@ -63,6 +65,7 @@ def runtime_env(ctx: LaunchContext, ktc: dict[str, Any] | None) -> tuple[dict[st
         env["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(nixl_side_channel_port(ctx))
         if str(ktc.get("kv_buffer_device", "")).lower() == "cpu":
             env["UCX_TLS"] = "tcp,self"
+    env.update(ipv6_env(ctx))
     env = {k: v for k, v in env.items() if k not in ctx.section.env}
     return env, tuple(env[k] for k in ("VLLM_RPC_BASE_PATH", "VLLM_CACHE_ROOT") if k in env)
 

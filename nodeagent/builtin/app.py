@@ -165,10 +165,12 @@ class BuiltinEngine:
     # ------------------------------------------------------------------ health and load
 
     def health(self, req: Request) -> HandlerResult:
-        spec = self.faults.spec
-        if spec.hang_health:
+        fault = self.faults.health_fault()
+        if fault == "hang":
             return self._hang()
-        if spec.ft_status == "dead":
+        if isinstance(fault, int) and fault != 200:
+            raise ApiError(fault, f"health answers {fault} (injected fault)")
+        if self.faults.spec.ft_status == "dead":
             raise ApiError(503, "engine is dead (injected fault)")
         return Response(200)
 

@@ -1,7 +1,8 @@
 """Injected faults: what is active now, how `POST /admin/faults` changes it, how it fires.
 
 A test double has to fail the way real engines do: a process that exits (after N requests,
-or in the middle of a stream), a `/health` that hangs, 500s at some rate, slow tokens,
+or in the middle of a stream), a `/health` that hangs (for good, or for the next N
+requests) or answers an HTTP error, 500s at some rate, slow tokens,
 an unhealthy/dead fault-tolerance status, and a precision fault (NaN-like text).
 """
 
@@ -32,6 +33,16 @@ def _check(field: str, value: Any) -> Any:
         if not isinstance(value, bool):
             raise FaultError(f"{field} must be a boolean")
         return value
+    if field == "hang_health_count":
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise FaultError("hang_health_count must be a non-negative integer")
+        return value
+    if field == "health_status":
+        if value is not None and (
+            not isinstance(value, int) or isinstance(value, bool) or not 200 <= value <= 599
+        ):
+            raise FaultError("health_status must be an HTTP status (200-599) or null")
+        return value
     if field in ("crash_after", "die_mid_stream"):
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
             raise FaultError(f"{field} must be a non-negative integer or null")
@@ -59,6 +70,7 @@ class Faults:
     def __init__(self, spec: FaultSpec, seed: int = 0) -> None:
         self.spec = spec
         self.answered = 0  # generation requests answered so far
+        self.health_requests = 0  # /health requests seen (tests count retries with it)
         self._rng = random.Random(seed)
 
     def update(self, patch: Any) -> FaultSpec:
@@ -75,7 +87,22 @@ class Faults:
 
     def as_dict(self) -> dict[str, Any]:
         """The active faults as JSON-ready data."""
-        return {**dataclasses.asdict(self.spec), "answered": self.answered}
+        return {
+            **dataclasses.asdict(self.spec),
+            "answered": self.answered,
+            "health_requests": self.health_requests,
+        }
+
+    def health_fault(self) -> str | int | None:
+        """What the next /health does: "hang", an HTTP status to answer, or None (healthy)."""
+        self.health_requests += 1
+        spec = self.spec
+        if spec.hang_health:
+            return "hang"
+        if spec.hang_health_count > 0:
+            self.spec = dataclasses.replace(spec, hang_health_count=spec.hang_health_count - 1)
+            return "hang"
+        return spec.health_status
 
     def roll_error(self) -> bool:
         """Whether this request should fail with an injected 500."""

@@ -34,6 +34,8 @@ class FaultSpec:
 
     crash_after: int | None = None  # the process exits once this many requests were answered
     hang_health: bool = False  # /health never answers
+    hang_health_count: int = 0  # the next N /health requests never answer (then it recovers)
+    health_status: int | None = None  # /health answers with this HTTP status
     error_rate: float = 0.0  # fraction of /v1 generation requests answered with HTTP 500
     slow_tokens_ms: float = 0.0  # added to every inter-token gap (also in --fast mode)
     die_mid_stream: int | None = None  # the process exits after streaming this many tokens

@@ -93,7 +93,7 @@ async def test_hung_health_turns_abnormal_then_ready_again(
     async with aiohttp.ClientSession() as s, s.post(url, json={"hang_health": True}) as r:
         assert r.status == 200
     abnormal = await tail.wait(status_of(node, EndpointStatus.ABNORMAL))
-    assert "failed 3 times" in abnormal.data.reason and "timeout" in abnormal.data.reason
+    assert "timed out 2 times" in abnormal.data.reason  # retry_attempts 2: timeouts only
     assert (await agent.get("/readiness"))[0] == 503
 
     async with aiohttp.ClientSession() as s, s.post(url, json={"hang_health": False}) as r:

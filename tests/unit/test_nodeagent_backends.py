@@ -319,9 +319,9 @@ def test_vllm_motor_keys_not_passed_through() -> None:
 
 
 @pytest.mark.parametrize(
-    ("role", "mode"), [(Role.PREFILL, "prefill"), (Role.DECODE, "decode"), (Role.UNION, None)]
+    ("role", "mode"), [(Role.PREFILL, "prefill"), (Role.DECODE, "decode"), (Role.UNION, "null")]
 )
-def test_sglang_command_line(role: Role, mode: str | None) -> None:
+def test_sglang_command_line(role: Role, mode: str) -> None:
     sec = section(
         engine_type="sglang",
         model="qwen3",
