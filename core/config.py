@@ -105,7 +105,7 @@ class EngineSection(_Strict):
     dispatch_profile: Literal["handoff", "trigger", "bootstrap"] | None = None
     health_check_config: HealthCheckConfig = HealthCheckConfig()
     fault_tolerance: FaultToleranceConfig = FaultToleranceConfig()
-    devices_per_node: int = Field(0, ge=0)
+    devices_per_node: int = Field(0, ge=0)  # without `--devices`, a node agent pins devices 0..n-1
     snapshot: SnapshotConfig = SnapshotConfig()
 
     def engine_value(self, key: str, default: Any = None) -> Any:
@@ -203,6 +203,9 @@ class CoordinatorConfig(_Strict):
     rate_limit: RateLimitConfig = RateLimitConfig()
     breaker: BreakerConfig = BreakerConfig()
     precision_detector: PrecisionDetectorConfig = PrecisionDetectorConfig()
+    # Seconds between scrapes of every engine's /metrics, re-exposed relabelled on /metrics
+    # (seed 002's coordinator metrics collector; MindIE `prometheus_metrics_config.reuse_time`).
+    engine_metrics_interval: float = Field(3.0, gt=0)
 
 
 class NodeAgentConfig(_Strict):
@@ -260,6 +263,10 @@ def parse_config(text: str | bytes, source: str = "<config>") -> ClusterConfig:
         raw = {}
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: top level must be a mapping, got {type(raw).__name__}")
+    from core.mindie import config_from_mindie, is_mindie
+
+    if is_mindie(raw):  # a MindIE-Motor user_config.json: mapped field by field
+        return config_from_mindie(raw, None, source)[0]  # type: ignore[no-any-return]
     return config_from_dict(raw, source)
 
 

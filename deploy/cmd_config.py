@@ -10,6 +10,7 @@ import orjson
 
 from core.errors import ConfigError
 from deploy.common import load_config_file
+from deploy.config_import import add_import
 
 
 def register(sub: Any) -> None:
@@ -21,6 +22,7 @@ def register(sub: Any) -> None:
     show = csub.add_parser("show", help="print the effective config (defaults filled in) as JSON")
     show.add_argument("file", nargs="?")
     show.set_defaults(func=_show)
+    add_import(csub)
 
 
 def _check(args: argparse.Namespace) -> int:

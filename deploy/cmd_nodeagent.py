@@ -90,6 +90,12 @@ def _int(value: Any, flag: str) -> int:
         raise SystemExit(f"motor nodeagent: {flag} must be an integer, got {value!r}") from None
 
 
+def _default_devices(cfg: Any, role: Any) -> tuple[str, ...]:
+    section = cfg.section(role)
+    n = section.devices_per_node if section is not None else 0
+    return tuple(str(i) for i in range(n))
+
+
 def _restored_urls(cfg: Any, role: Any, pod_ip: str, urls: list[str] | None) -> list[str] | None:
     """NATS URLs for a container restored from a snapshot: cluster DNS moved to its namespace."""
     from nodeagent.snapshot import Snapshot, with_namespace
@@ -149,7 +155,8 @@ def _run(args: argparse.Namespace) -> int:
                 args.engine_port_base if args.engine_port_base is not None else na.engine_port_base,
                 "--engine-port-base",
             ),
-            devices=parse_devices(args.devices),
+            # Without --devices, a section's devices_per_node (MindIE `*_pod_npu_num`) pins 0..n-1.
+            devices=parse_devices(args.devices) or _default_devices(cfg, Role(args.role)),
             job_name=args.job_name or na.job_name,
             log_dir=log_dir,
             run_dir=Path(args.run_dir) if args.run_dir else None,

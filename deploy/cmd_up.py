@@ -18,8 +18,11 @@ from deploy.common import add_nats_args, load_config_file, nats_options, unreach
 def register(sub: Any) -> None:
     up = sub.add_parser("up", help="run a local cluster (nats-server, controllers, coordinator, node agents)")
     up.add_argument(
-        "--config", help="cluster config (YAML/JSON); default: one union instance and a 1P1D pair"
+        "--config",
+        help="cluster config (YAML/JSON, or a MindIE-Motor user_config.json); "
+        "default: one union instance and a 1P1D pair",
     )
+    up.add_argument("--env", help="the env.json of a MindIE-Motor user_config.json (engine environment)")
     up.add_argument(
         "--nodes", type=int, default=None, help="node agents to run (default: what the config needs)"
     )
@@ -47,12 +50,23 @@ def _up(args: argparse.Namespace) -> int:
     from core.errors import ConfigError
 
     try:
-        cfg = load_config_file(args.config)
+        cfg = load_config_file(args.config, args.env)
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 2
     from deploy.cluster import LocalCluster, Ports
+    from deploy.localports import one_machine_ports
 
+    needed = sum(sec.instances * sec.nodes_per_instance() for sec in cfg.sections().values())
+    try:
+        cfg, notes = one_machine_ports(
+            cfg, args.nodes if args.nodes is not None else needed, not args.no_standby
+        )
+    except ValueError as exc:
+        print(f"motor up: {exc}", file=sys.stderr)
+        return 2
+    for note in notes:
+        print(f"motor up: {note}", file=sys.stderr)
     ports = Ports(
         coordinator=cfg.coordinator.port,
         controller=cfg.controller.port,

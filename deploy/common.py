@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from pathlib import Path
 
 from core.config import ClusterConfig, default_config, parse_config
@@ -11,16 +12,33 @@ from core.errors import ConfigError
 from streams.connection import NatsOptions
 
 
-def load_config_file(path: str | None) -> ClusterConfig:
-    """Read and validate a cluster config; `None` gives the embedded default."""
-    if path is None:
-        return default_config()
-    p = Path(path)
+def read_text(path: str, what: str = "config") -> bytes:
+    """A file's bytes, or a ConfigError naming it."""
     try:
-        text = p.read_bytes()
+        return Path(path).read_bytes()
     except OSError as exc:
-        raise ConfigError(f"{path}: cannot read config: {exc.strerror}") from None
-    return parse_config(text, str(p))
+        raise ConfigError(f"{path}: cannot read {what}: {exc.strerror}") from None
+
+
+def load_config_file(path: str | None, env: str | None = None) -> ClusterConfig:
+    """Read and validate a cluster config; `None` gives the embedded default.
+
+    A MindIE-Motor `user_config.json` is recognised and mapped (with its `env.json` when
+    `env` is given); the fields it accepts but does not use are listed once on stderr.
+    """
+    if path is None:
+        if env is not None:
+            raise ConfigError(f"{env}: --env goes with a MindIE-Motor user_config.json (--config)")
+        return default_config()
+    from deploy.config_import import load_mindie_file
+
+    mindie = load_mindie_file(path, env)
+    if mindie is not None:
+        cfg, imported = mindie
+        for line in imported.unused_report():
+            print(f"{path}: {line}", file=sys.stderr)
+        return cfg
+    return parse_config(read_text(path), str(Path(path)))
 
 
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
