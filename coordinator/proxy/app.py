@@ -19,6 +19,7 @@ from coordinator.errors import CoordinatorError, error_body
 from coordinator.proxy.asgi import serve_asgi
 from coordinator.proxy.call import Call
 from coordinator.proxy.flows import Flows
+from coordinator.proxy.native import NativeRoutes, handles
 from coordinator.proxy.server import ClientConn, Request
 
 CHAT = b"/v1/chat/completions"
@@ -90,6 +91,7 @@ class ProxyApp:
         self._id_prefix = os.urandom(6).hex()
         self._id_counter = itertools.count(1)
         self.loop = asyncio.get_running_loop()
+        self.native = NativeRoutes(self)  # seed 003: /generate, /v1/score, /v1/rerank, /tokenize ...
 
     async def __call__(self, conn: ClientConn, req: Request) -> None:
         path = req.path
@@ -99,6 +101,9 @@ class ProxyApp:
                 self._error(conn, req, 405, f"{path.decode()} takes POST")
                 return
             await self._generate(conn, req, gen[0], gen[1])
+            return
+        if handles(path):
+            await self.native(conn, req)
             return
         if path in (MODELS, COUNT_TOKENS):
             if not self._authorized(req):

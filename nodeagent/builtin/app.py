@@ -27,6 +27,7 @@ from nodeagent.builtin.handoff import TRANSFER_PATH, HandoffClient, HandoffStore
 from nodeagent.builtin.httpserver import HandlerResult, Request, Response, Router, json_response, start_server
 from nodeagent.builtin.metaserver import MetaServer
 from nodeagent.builtin.metrics import CONTENT_TYPE
+from nodeagent.builtin.native_api import NativeApi
 from nodeagent.builtin.openai_api import ApiError, check_model, parse_chat, parse_completion, parse_json
 from nodeagent.builtin.render import models_body
 from nodeagent.builtin.settings import EngineSettings
@@ -96,6 +97,8 @@ class BuiltinEngine:
         r.add("POST", "/admin/faults", self.set_faults)
         r.add("POST", TRANSFER_PATH, self.kv_transfer)
         r.add("POST", "/v1/metaserver", self.metaserver_forward)
+        for method, path, handler in NativeApi(self.gen, self.names, self.settings.max_model_len).routes():
+            r.add(method, path, handler)  # seed 003: /generate, /v1/score, /v1/rerank, /tokenize ...
         return r
 
     # ------------------------------------------------------------------ OpenAI API

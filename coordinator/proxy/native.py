@@ -1,0 +1,196 @@
+"""What a client of an SGLang or vLLM server calls beyond the OpenAI routes (seed 003).
+
+`/generate` (SGLang native), `/v1/score`, `/v1/rerank` and vLLM's `/tokenize` / `/detokenize`
+pass through to an engine that serves them, with the same routing, retries and breakers as
+`/v1` generation; `GET /v1/models/{id}` is answered here from the routing table. Which
+engine types serve a route is a table (`ROUTES`): a route no known engine serves is a 501
+naming it; one whose engines are all down is a 503. `/generate` also runs SGLang's P/D
+bootstrap when prefill and decode instances speak it (the same fields as chat).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from coordinator.adapters import sglang
+from coordinator.endpoint import Endpoint, Plan
+from coordinator.policies import RequestInfo
+from coordinator.proxy.call import Call, Retry
+from coordinator.proxy.server import ClientConn, Request
+from core.events import Role
+
+if TYPE_CHECKING:
+    from coordinator.proxy.app import ProxyApp
+
+MODEL_PREFIX = b"/v1/models/"
+
+
+@dataclass(frozen=True, slots=True)
+class NativeRoute:
+    """One pass-through route: its metrics name, the engines that serve it, where it may go."""
+
+    name: str
+    engines: frozenset[str]
+    roles: tuple[Role, ...]  # single-hop roles, in order of preference
+    pd: bool = False  # may run as SGLang P/D bootstrap
+
+    def serves(self, ep: Endpoint) -> bool:
+        """Whether this endpoint's engine serves the route, in a role it may be sent to."""
+        return ep.engine_type in self.engines and (ep.role in self.roles or self.pd)
+
+
+_ANY = (Role.UNION, Role.PREFILL, Role.DECODE)
+ROUTES: dict[bytes, NativeRoute] = {
+    b"/generate": NativeRoute("generate", frozenset({"sglang", "builtin"}), (Role.UNION,), pd=True),
+    b"/v1/score": NativeRoute("score", frozenset({"sglang", "vllm", "builtin"}), (Role.UNION, Role.PREFILL)),
+    b"/v1/rerank": NativeRoute(
+        "rerank", frozenset({"sglang", "vllm", "builtin"}), (Role.UNION, Role.PREFILL)
+    ),
+    b"/tokenize": NativeRoute("tokenize", frozenset({"vllm", "builtin"}), _ANY),
+    b"/detokenize": NativeRoute("detokenize", frozenset({"vllm", "builtin"}), _ANY),
+}
+
+
+def handles(path: bytes) -> bool:
+    """Whether the path is one of these routes."""
+    return path in ROUTES or path.startswith(MODEL_PREFIX)
+
+
+def choose(routable: tuple[Endpoint, ...], route: NativeRoute, model: str | None) -> Plan:
+    """P/D bootstrap when allowed and both halves serve it, else a single hop, else none."""
+    eps = [e for e in routable if route.serves(e) and (model is None or e.model == model)]
+    if route.pd:
+        for et in sorted(route.engines):
+            halves = [
+                [
+                    e
+                    for e in eps
+                    if e.role == role and e.engine_type == et and sglang.CAPABILITY in e.capabilities
+                ]
+                for role in (Role.PREFILL, Role.DECODE)
+            ]
+            if all(halves):
+                return Plan(kind="pd", capability=sglang.CAPABILITY, engine_type=et)
+    for role in route.roles:
+        if any(e.role == role for e in eps):
+            return Plan(kind="single", role=role)
+    return Plan(kind="none")
+
+
+class NativeRoutes:
+    """The handler the proxy app hands these paths to."""
+
+    def __init__(self, app: ProxyApp) -> None:
+        self.app = app
+
+    async def __call__(self, conn: ClientConn, req: Request) -> None:
+        app = self.app
+        if not app._authorized(req):
+            app._error(conn, req, 401, "missing or wrong API key", "invalid_api_key")
+            return
+        if req.path.startswith(MODEL_PREFIX):
+            self._model(conn, req)
+            return
+        route = ROUTES[req.path]
+        if req.method != b"POST":
+            app._error(conn, req, 405, f"{req.path.decode()} takes POST")
+            return
+        if req.too_large:
+            app._error(conn, req, 413, f"request body over the limit of {conn.max_body} bytes")
+            return
+        limiter = app.limiter
+        if limiter is not None:
+            refusal = limiter.try_acquire()
+            if refusal is not None:
+                retry = [(b"retry-after", refusal.header.encode())]
+                app._error(conn, req, 429, refusal.message, "rate_limit_exceeded", retry)
+                return
+        try:
+            await self._routed(conn, req, route)
+        finally:
+            if limiter is not None:
+                limiter.release()
+
+    def _model(self, conn: ClientConn, req: Request) -> None:
+        name = req.path[len(MODEL_PREFIX) :].decode("latin-1")
+        if req.method != b"GET":
+            self.app._error(conn, req, 405, "/v1/models/{model} takes GET")
+        elif not self.app.table.has_model(name):
+            self.app._error(conn, req, 404, f"model {name!r} is not served here", "model_not_found")
+        else:
+            conn.send(
+                req, 200, orjson.dumps({"id": name, "object": "model", "created": 0, "owned_by": "motor"})
+            )
+
+    async def _routed(self, conn: ClientConn, req: Request, route: NativeRoute) -> None:
+        app = self.app
+        path = req.path.decode()
+        try:
+            body = orjson.loads(req.body)
+        except orjson.JSONDecodeError as exc:
+            app._error(conn, req, 400, f"request body is not valid JSON: {exc}", "invalid_json")
+            return
+        if not isinstance(body, dict):
+            app._error(conn, req, 400, "request body must be a JSON object", "invalid_json")
+            return
+        model = body.get("model")
+        if model is not None and (not isinstance(model, str) or not app.table.has_model(model)):
+            app._error(conn, req, 404, f"model {model!r} is not served here", "model_not_found")
+            return
+        plan = choose(app.table.routable(), route, model)
+        if plan.kind == "none":
+            self._unserved(conn, req, route, path, model)
+            return
+        rid = req.headers.get(b"x-request-id")
+        call = Call(
+            conn, req, route.name, req.path, body, req.body, rid.decode("latin-1") if rid else app._next_id()
+        )
+        try:
+            if plan.kind == "pd":
+                await app.flows.run(call, plan)
+            else:
+                assert plan.role is not None
+                await self._single(call, route, plan.role)
+        except asyncio.CancelledError:
+            if app.metrics is not None:
+                app.metrics.aborts.labels(route=route.name).inc()
+            raise
+        app._observe(call)
+
+    async def _single(self, call: Call, route: NativeRoute, role: Role) -> None:
+        flows = self.app.flows
+        policy = flows.policies[role]
+        info = RequestInfo(call.model, b"", call.root)
+        last: Retry | None = None
+        for attempt in range(1, flows.retries + 2):
+            cands = [e for e in self.app.table.candidates(role, call.model) if route.serves(e)]
+            ep = policy.select(cands, info, call.exclude)
+            if ep is None:
+                break
+            try:
+                await flows.serve_on(call, ep, call.raw, call.request_id(attempt))
+                return
+            except Retry as r:
+                call.exclude.add(ep.key)
+                last = r
+                flows._retried(r)
+        flows.fail(call, last, f"{role.value} endpoint serving {call.path.decode()}")
+
+    def _unserved(self, conn: ClientConn, req: Request, route: NativeRoute, path: str, model: Any) -> None:
+        """501 when no known engine serves the route at all, 503 when they are all down."""
+        known = [row for row in self.app.table.describe() if model is None or row["model"] == model]
+        types = sorted({row["engine_type"] for row in known})
+        if any(row["engine_type"] in route.engines for row in known):
+            msg = f"{path}: no routable {'/'.join(sorted(route.engines))} engine right now"
+            self.app._error(conn, req, 503, msg, "no_routable_instance")
+            return
+        behind = ", ".join(types) if types else "none"
+        msg = (
+            f"{path} is not served by the engines behind this coordinator (engine types: {behind}); "
+            f"it needs {' or '.join(sorted(route.engines))}"
+        )
+        self.app._error(conn, req, 501, msg, "route_not_supported")
