@@ -179,6 +179,12 @@ class CoordinatorMetrics:
         self.alarm_clears = Counter(
             "motor_coordinator_alarm_clears", "POST /precision/alarm_cleared calls", registry=r
         )
+        self.engine_scrapes = Counter(
+            "motor_coordinator_engine_scrapes",
+            "Scrapes of engines' /metrics (re-exposed on /metrics/engines), by result",
+            ["endpoint", "result"],
+            registry=r,
+        )
         self._table_collector: TableCollector | None = None
 
     def bind_table(self, table: RoutingTable, caught_up: Callable[[], bool] | None = None) -> None:

@@ -19,6 +19,7 @@ from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from coordinator.context import CoordinatorContext
+from coordinator.enginemetrics import install_engine_metrics
 from coordinator.errors import CoordinatorError, error_body
 from coordinator.refresh import validate_refresh
 from core.events import InstancesRefreshed, PrecisionAlarmCleared, PrecisionAlarmClearedData
@@ -95,6 +96,7 @@ def create_mgmt_app(ctx: CoordinatorContext) -> FastAPI:
     app.state.ctx = ctx
     app.add_middleware(CatchAll)
     _install_error_handlers(app)
+    install_engine_metrics(app, ctx)  # /metrics/engines, /prometheus/targets (seed 002 metrics module)
 
     @app.get("/")
     async def root() -> Response:
