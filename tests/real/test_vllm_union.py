@@ -100,6 +100,41 @@ async def test_union_serves_chat_and_completions_through_the_coordinator(
     assert any(rpc.iterdir()), f"no vLLM sockets in {rpc}"
 
 
+async def test_seed003_routes_vllm_serves_pass_through_the_coordinator(union: RealCluster) -> None:
+    """vLLM's /tokenize and /detokenize through the coordinator; /v1/models/{id} from its table;
+    /generate (SGLang only) is a 501 naming the route; /v1/score reaches vLLM (its own answer)."""
+    import aiohttp
+    import orjson
+
+    base = union.cluster.coordinator_url
+    prompt = "Hello, the controller"
+    async with aiohttp.ClientSession() as s:
+        async with s.post(
+            f"{base}/tokenize", json={"model": "tiny", "prompt": prompt, "add_special_tokens": False}
+        ) as r:
+            tok = await r.json()
+            assert r.status == 200, tok
+        assert tok["count"] == len(tok["tokens"]) > 0 and tok["max_model_len"] > 0
+        async with s.post(f"{base}/detokenize", json={"model": "tiny", "tokens": tok["tokens"]}) as r:
+            assert r.status == 200 and (await r.json())["prompt"] == prompt
+        chat = {"model": "tiny", "messages": CHAT}
+        async with s.post(f"{base}/tokenize", json=chat) as r:
+            assert r.status == 200 and (await r.json())["count"] > tok["count"]
+        async with s.get(f"{base}/v1/models/tiny") as r:
+            assert r.status == 200 and (await r.json())["id"] == "tiny"
+        async with s.post(f"{base}/generate", json={"model": "tiny", "text": prompt}) as r:
+            err = orjson.loads(await r.read())
+            assert (
+                r.status == 501
+                and "/generate" in err["error"]["message"]
+                and "vllm" in err["error"]["message"]
+            )
+        async with s.post(f"{base}/v1/score", json={"model": "tiny", "text_1": "a", "text_2": ["b"]}) as r:
+            # A generative model does not score: vLLM says so itself (the coordinator passes it on).
+            assert r.status in (200, 400, 404, 405), await r.text()
+            assert r.status == 200 or "route_not_supported" not in await r.text()
+
+
 async def test_kill9_engine_reported_dead_and_restarted(
     union: RealCluster, timings: Timings, reference: dict[str, str]
 ) -> None:
