@@ -116,6 +116,7 @@ class CoordinatorService:
         self.name = name
         self.ctx: CoordinatorContext | None = None
         self.server: ProxyServer | None = None
+        self.mgmt_server: ProxyServer | None = None
         self._nc: Any = None
         self._tasks: list[asyncio.Task[None]] = []
         self._followers: list[Any] = []
@@ -162,6 +163,14 @@ class CoordinatorService:
         self.server = ProxyServer(app, max_body=self.settings.max_body_bytes)
         await self.server.start(self.host, self.want_port)
         log.info("coordinator listening on http://%s:%d", self.host, self.port)
+        if mgmt is not None and self.settings.mgmt_port is not None:  # seed 001: the manage port
+            from coordinator.proxy.mgmtport import start_mgmt_server
+
+            mp = self.settings.mgmt_port
+            self.mgmt_server = await start_mgmt_server(
+                mgmt, self.host, mp, max_body=self.settings.max_body_bytes
+            )
+            log.info("coordinator management API on http://%s:%d", self.host, self.mgmt_server.port)
 
     async def _follow(self, follower: Any) -> None:
         assert self.ctx is not None
@@ -182,6 +191,8 @@ class CoordinatorService:
         """Stop listening, stop following, close NATS."""
         if self.server is not None:
             await self.server.stop()
+        if self.mgmt_server is not None:
+            await self.mgmt_server.stop()
         if self._ups is not None:
             await self._ups.close()
         for t in self._tasks:

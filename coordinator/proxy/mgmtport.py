@@ -1,0 +1,31 @@
+"""The management port (seed 001: `POST /v1/instances/refresh` goes to `manage_port`).
+
+With `coordinator.mgmt_port` set, the management app is served on its own listener too,
+so a controller or an operator tool reaches probes, metrics, refresh and alarm clearing
+there, apart from the client traffic on `coordinator.port`. The `/v1` generation routes are
+not on it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from coordinator.proxy.asgi import serve_asgi
+from coordinator.proxy.server import ClientConn, ProxyServer, Request
+
+
+class MgmtOnly:
+    """The request handler of the management port: every path goes to the management app."""
+
+    def __init__(self, mgmt_app: Any) -> None:
+        self.mgmt = mgmt_app
+
+    async def __call__(self, conn: ClientConn, req: Request) -> None:
+        await serve_asgi(self.mgmt, conn, req)
+
+
+async def start_mgmt_server(mgmt_app: Any, host: str, port: int, *, max_body: int) -> ProxyServer:
+    """Listen on the management port; the caller stops the server."""
+    server = ProxyServer(MgmtOnly(mgmt_app), max_body=max_body)
+    await server.start(host, port)
+    return server
