@@ -300,7 +300,7 @@ COORDINATOR: dict[str, Node] = {
         "max_timeout_s": Map("coordinator.breaker.backoff_max", "number"),
     },
     "scheduler_config": {
-        "scheduler_type": Map("coordinator.policy (load_balance | round_robin | kv_cache_affinity)", "str"),
+        "scheduler_type": Map("coordinator.policy (load_balance, round_robin or kv_cache_affinity)", "str"),
         "enable_pd_separation_fallback_to_hybrid": Unused(
             "Motor routes to union (else prefill) instances when no P/D pair is routable"
         ),
