@@ -148,7 +148,10 @@ def _section(w: Walked, b: Built, block: str, role: str) -> None:
     b.copy(w, f"{hc}.startup_timeout", f"{role}.health_check_config.startup_timeout")
     for nm in ("motor_nodemanger_config", f"{block}.motor_nodemanger_config"):  # the block's wins
         ft = f"{nm}.fault_tolerance_config"
-        b.copy(w, f"{ft}.enable_fault_tolerance", f"{role}.fault_tolerance.enabled")
+        if w.get(
+            f"{ft}.enable_fault_tolerance"
+        ):  # false is the default: the engine's FT flag still turns it on
+            b.copy(w, f"{ft}.enable_fault_tolerance", f"{role}.fault_tolerance.enabled")
         b.copy(w, f"{ft}.poll_interval_sec", f"{role}.fault_tolerance.poll_interval")
         b.copy(w, f"{ft}.poll_timeout_sec", f"{role}.fault_tolerance.poll_timeout")
         b.copy(w, f"{ft}.max_poll_failures", f"{role}.fault_tolerance.max_poll_failures")

@@ -130,9 +130,9 @@ async def test_seed003_routes_vllm_serves_pass_through_the_coordinator(union: Re
                 and "vllm" in err["error"]["message"]
             )
         async with s.post(f"{base}/v1/score", json={"model": "tiny", "text_1": "a", "text_2": ["b"]}) as r:
-            # A generative model does not score: vLLM says so itself (the coordinator passes it on).
-            assert r.status in (200, 400, 404, 405), await r.text()
-            assert r.status == 200 or "route_not_supported" not in await r.text()
+            # vLLM may serve /v1/score: the coordinator routes it there and passes on vLLM's own
+            # answer (a generative model is refused by vLLM itself, not by a coordinator 501).
+            assert r.status != 501 and "route_not_supported" not in await r.text()
 
 
 async def test_kill9_engine_reported_dead_and_restarted(

@@ -184,6 +184,20 @@ def test_legacy_model_and_parallel_config_are_flattened_engine_config_wins() -> 
     assert ec["tensor-parallel-size"] == 4 and "tensor_parallel_size" not in ec
 
 
+def test_explicit_false_fault_tolerance_does_not_turn_off_the_engines_flag() -> None:
+    # Seed 002: the node manager's switch defaults to false and is turned on by the engine's FT.
+    block = {
+        "engine_type": "vllm",
+        "engine_config": {"enable_fault_tolerance": True},
+        "motor_nodemanger_config": {"fault_tolerance_config": {"enable_fault_tolerance": False}},
+    }
+    cfg, _ = config_from_mindie({"motor_engine_union_config": block})
+    assert cfg.union is not None and cfg.union.fault_reporter_on()
+    block["engine_config"] = {}
+    cfg, _ = config_from_mindie({"motor_engine_union_config": block})
+    assert cfg.union is not None and not cfg.union.fault_reporter_on()
+
+
 # --------------------------------------------------------------------------- errors by path
 
 
