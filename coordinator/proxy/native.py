@@ -149,6 +149,7 @@ class NativeRoutes:
         call = Call(
             conn, req, route.name, req.path, body, req.body, rid.decode("latin-1") if rid else app._next_id()
         )
+        task = app._deadline(call) if app.request_timeout is not None else None
         try:
             if plan.kind == "pd":
                 await app.flows.run(call, plan)
@@ -156,9 +157,22 @@ class NativeRoutes:
                 assert plan.role is not None
                 await self._single(call, route, plan.role)
         except asyncio.CancelledError:
-            if app.metrics is not None:
-                app.metrics.aborts.labels(route=route.name).inc()
-            raise
+            if task is None or task not in app._expired:
+                if app.metrics is not None:
+                    app.metrics.aborts.labels(route=route.name).inc()
+                raise
+            # The coordinator's request timeout (as on /v1): answer if nothing went out yet.
+            app._expired.discard(task)
+            task.uncancel()
+            if call.committed:
+                conn.close()
+            else:
+                msg = f"no complete answer within the request timeout of {app.request_timeout:g} s"
+                app._error(conn, req, 504, msg, "request_timeout")
+            call.status = 504
+        finally:
+            if task is not None:
+                app._deadlines.pop(task, None)
         app._observe(call)
 
     async def _single(self, call: Call, route: NativeRoute, role: Role) -> None:

@@ -135,3 +135,20 @@ async def prompt_tokens(s: aiohttp.ClientSession, eng: Engine) -> float:
     return sum(
         float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("vllm:prompt_tokens")
     )
+
+
+async def test_native_route_obeys_the_request_timeout(
+    tmp_path: Path, nats_server: EmbeddedNats, js: JetStreamContext
+) -> None:
+    slow = await start_engine(tmp_path, "union", "--fast", "--slow-tokens-ms", "300")
+    c = await start_coordinator(tmp_path, nats_server.url, request_timeout=1.0)
+    try:
+        await Cluster(Publisher(js)).add(slow)
+        await wait_routable(c)
+        async with aiohttp.ClientSession() as s:
+            body = {"text": "slow", "sampling_params": {"max_new_tokens": 40}}
+            st, err, _ = await post(s, f"{c.url}/generate", body)
+            assert st == 504 and err["error"]["code"] == "request_timeout"
+    finally:
+        c.stop()
+        slow.stop()
