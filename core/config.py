@@ -220,6 +220,10 @@ class NodeAgentConfig(_Strict):
     suicide_threshold: int = Field(5, ge=0)
     log_dir: str = ".motor/logs"
     job_name: str = "motor"
+    # A command whose handling raises is delivered again after command_retry_delay (doubling),
+    # command_attempts deliveries in all; then it is refused (`handler_failed`).
+    command_attempts: int = Field(3, ge=1)
+    command_retry_delay: float = Field(1.0, gt=0)
 
 
 class ClusterConfig(_Strict):

@@ -4,6 +4,9 @@ Start-up order matters: adopt the engines an earlier agent left running, serve H
 command consumer, then register (so no command can arrive before it can be consumed and the
 registration already tells the truth about running engines). Shutdown stops the engines
 unless `keep_engines` is set; a crash leaves them running for the next agent to adopt.
+
+Only a stop signal ends the agent: each part runs under `keep_running`, so a NATS error or
+timeout that escapes a part restarts that part and never stops an engine.
 """
 
 from __future__ import annotations
@@ -22,7 +25,6 @@ from core.events import (
     CommandApplied,
     CommandAppliedData,
     CommandRefused,
-    CommandRefusedData,
     EndpointStatus,
     EndpointStatusChanged,
     EndpointStatusChangedData,
@@ -38,7 +40,7 @@ from core.events import (
 )
 from core.ids import derive_id, new_id
 from nodeagent import runstate
-from nodeagent.commands import CommandConsumer, check_start
+from nodeagent.commands import Command, CommandConsumer, check_start, result_data
 from nodeagent.engines import Engines, StatusChange
 from nodeagent.errors import CommandRefusal
 from nodeagent.faults import FaultReporter
@@ -46,6 +48,7 @@ from nodeagent.heartbeat import Heartbeats
 from nodeagent.http import HttpView, create_app, serve
 from nodeagent.metrics import AgentMetrics
 from nodeagent.outbox import Outbox
+from nodeagent.parts import Part, keep_running
 from nodeagent.registration import build_registration
 from nodeagent.resync import Observer, Running
 from nodeagent.settings import AgentSettings
@@ -56,8 +59,6 @@ from streams.definitions import ensure_streams
 from streams.publisher import Publisher
 
 log = logging.getLogger(__name__)
-
-SNAPSHOT_POLL_INTERVAL = 0.5
 
 
 class NodeAgent:
@@ -110,7 +111,7 @@ class NodeAgent:
             js = nc.jetstream()
             await ensure_streams(js, s.config.nats, lease_ttl=s.config.controller.lease_ttl)
             publisher = Publisher(js)
-            self._outbox = Outbox(publisher)
+            self._outbox = Outbox(publisher, self.metrics)
             self._outbox.start()
             stack.push_async_callback(self._outbox.close)
             session = aiohttp.ClientSession()
@@ -132,7 +133,17 @@ class NodeAgent:
             runner, self.port = await serve(create_app(self._http_view()), s.bind_host, s.port)
             stack.push_async_callback(runner.cleanup)
 
-            consumer = CommandConsumer(js, s.node_id, self._handle, ack_wait=max(60.0, 3 * s.stop_grace))
+            cmds = s.config.nodeagent
+            consumer = CommandConsumer(
+                nc,
+                s.node_id,
+                self._handle,
+                self._refuse,
+                self.metrics,
+                ack_wait=max(60.0, 3 * s.stop_grace),
+                attempts=cmds.command_attempts,
+                retry_delay=cmds.command_retry_delay,
+            )
             await consumer.subscribe()
             stack.push_async_callback(consumer.close)
             self._observer = Observer(
@@ -146,23 +157,26 @@ class NodeAgent:
             if restored_job and self._snapshot is not None:
                 self._snapshot.mark_restored()
 
-            heartbeats = Heartbeats(s, publisher, session, self.engines, self.metrics, self._snapshot_pending)
+            heartbeats = Heartbeats(s, nc, session, self.engines, self.metrics, self._snapshot_pending)
             if s.config.nodeagent.suicide_threshold:
                 heartbeats.on_beat = suicide_watch(s, self.engines, self.outbox.post, self.metrics).on_beat
-            tasks = {
-                asyncio.create_task(consumer.run(), name="commands"),
-                asyncio.create_task(heartbeats.run(), name="heartbeats"),
-                asyncio.create_task(self._observer.run(), name="resync"),
+            parts: dict[str, Part] = {
+                "commands": consumer.run,
+                "heartbeats": heartbeats.run,
+                "resync": self._observer.run,
             }
             if s.fault_reporter_on:
-                reporter = FaultReporter(s, self.engines, session, self.outbox.post, self.metrics)
-                tasks.add(asyncio.create_task(reporter.run(), name="faults"))
+                parts["faults"] = FaultReporter(s, self.engines, session, self.outbox.post, self.metrics).run
             if self._snapshot is not None:
-                tasks.add(asyncio.create_task(self._snapshot_loop(), name="snapshot"))
+                parts["snapshot"] = self._snapshot.run
+            tasks = {
+                asyncio.create_task(keep_running(name, part, self._part_restarted), name=name)
+                for name, part in parts.items()
+            }
             log.info("node agent %s up: %s, HTTP on %s", s.node_id, s.role.value, self.agent_url)
             code = await self._until_stopped(stop, tasks, consumer)
             log.info("node agent %s shutting down", s.node_id)
-            await self._shutdown()
+            await self._shutdown(crashed=code != 0)
         log.info("node agent %s stopped", s.node_id)
         return code
 
@@ -186,8 +200,14 @@ class NodeAgent:
             log.warning("%s did not stop within 5s; leaving it", t.get_name())
         return code
 
-    async def _shutdown(self) -> None:
-        keep = self.settings.keep_engines
+    def _part_restarted(self, name: str) -> None:
+        self.metrics.part_restarts.labels(self.settings.node_id, name).inc()
+
+    async def _shutdown(self, *, crashed: bool) -> None:
+        keep = self.settings.keep_engines or crashed
+        if crashed:
+            # Not asked to stop: like a kill -9, leave the engines for the next agent to adopt.
+            log.error("node agent ending on a failure; its engines keep running for the next agent")
         had = bool(self.engines.endpoints)
         await self.engines.close(stop_engines=not keep)
         if not keep:
@@ -262,16 +282,9 @@ class NodeAgent:
         self.metrics.commands.labels(self.settings.node_id, verb, outcome.split(":")[0]).inc()
 
     def _result(self, verb: Any, command_id: str, instance_id: int | None, outcome: str) -> EventBase:
-        node = self.settings.node_id
-        event_id = derive_id("command-result", node, command_id)
-        if outcome == "applied":
-            data = CommandAppliedData(command_id=command_id, node_id=node, verb=verb, instance_id=instance_id)
-            return self._event(CommandApplied, data, event_id)  # type: ignore[no-any-return]
-        _, code, reason = outcome.split(":", 2)
-        refused = CommandRefusedData(
-            command_id=command_id, node_id=node, verb=verb, instance_id=instance_id, code=code, reason=reason
-        )
-        return self._event(CommandRefused, refused, event_id)  # type: ignore[no-any-return]
+        data = result_data(self.settings.node_id, verb, command_id, instance_id, outcome)
+        cls = CommandApplied if isinstance(data, CommandAppliedData) else CommandRefused
+        return self._event(cls, data, derive_id("command-result", self.settings.node_id, command_id))  # type: ignore[no-any-return]
 
     async def _start(self, ev: StartCommand, seq: int) -> None:
         d, s = ev.data, self.settings
@@ -293,8 +306,24 @@ class NodeAgent:
         if self._snapshot is not None:
             self._snapshot.prepare(d)
 
+    async def _refuse(self, ev: Command, code: str, reason: str) -> None:
+        """Answer a command that could not be handled with `command.refused` (and remember it)."""
+        d = ev.data
+        verb: Any = "start" if isinstance(ev, StartCommand) else "stop"
+        outcome = f"refused:{code}:{reason}"
+        await self.outbox.send(self._result(verb, d.command_id, d.instance_id, outcome))
+        self.metrics.commands.labels(self.settings.node_id, verb, "refused").inc()
+        try:
+            self.engines.remember(d.command_id, outcome)
+        except OSError as exc:  # the run state may be why handling failed
+            log.warning("command %s: outcome not saved: %s", d.command_id, exc)
+
     async def _stop(self, ev: StopCommand) -> None:
         d = ev.data
+        if d.node_id != self.settings.node_id:
+            raise CommandRefusal(
+                "wrong_node", f"command is for node {d.node_id!r}, this is {self.settings.node_id!r}"
+            )
         mine = self.engines.instance_id
         if d.instance_id is not None and mine is not None and d.instance_id != mine:
             log.info(
@@ -334,12 +363,6 @@ class NodeAgent:
 
     def _snapshot_pending(self) -> bool:
         return self._snapshot is not None and self._snapshot.pending
-
-    async def _snapshot_loop(self) -> None:
-        assert self._snapshot is not None
-        while True:
-            self._snapshot.step()
-            await asyncio.sleep(SNAPSHOT_POLL_INTERVAL)
 
     # ------------------------------------------------------------------ HTTP
 

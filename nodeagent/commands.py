@@ -4,6 +4,13 @@ A command is acked only after it took effect and its result (`command.applied` o
 `command.refused`) is in the log; until then JetStream redelivers it. Commands run one at a
 time, in log order. Idempotence by command id lives in the agent (a redelivered command is
 answered the same way and never runs twice).
+
+Nothing NATS does ends the consumer: a fetch that fails checks the durable consumer and makes
+it again when it is gone (the stream was deleted and made again); an ack, nak or term that
+times out is retried until the message's ack wait has passed (then JetStream redelivers it and
+the agent answers it from memory). A command whose handling fails is delivered again after a
+growing delay, `attempts` times in all, then refused (`handler_failed`) and terminated, so it
+never holds up the node's later commands. An undecodable message is terminated and counted.
 """
 
 from __future__ import annotations
@@ -11,28 +18,65 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from typing import Any
 
+from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
+from nats.errors import MsgAlreadyAckdError
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.errors import NotFoundError
 
 from core import subjects
 from core.codec import decode
 from core.errors import DecodeError
-from core.events import AnyEvent, EndpointSpec, Role, StartCommand, StartCommandData, StopCommand
+from core.events import (
+    AnyEvent,
+    CommandAppliedData,
+    CommandRefusedData,
+    EndpointSpec,
+    Role,
+    StartCommand,
+    StartCommandData,
+    StopCommand,
+)
 from nodeagent.errors import CommandRefusal
+from nodeagent.metrics import AgentMetrics
 from streams.definitions import MOTOR_STREAM
 
 log = logging.getLogger(__name__)
 
-Handler = Callable[[StartCommand | StopCommand, int], Awaitable[None]]
+Command = StartCommand | StopCommand
+Handler = Callable[[Command, int], Awaitable[None]]
+# refuse(command, code, reason): publish its `command.refused` and remember the outcome.
+Refuser = Callable[[Command, str, str], Awaitable[None]]
+
+FETCH_WAIT = 5.0
+ACK_TIMEOUT = 2.0
+# A consumer made again replays from a little before it was last seen (clocks of the agent
+# and the server differ); what it replays twice is answered from memory.
+REMADE_MARGIN = 5.0
 
 
 def durable_name(node_id: str) -> str:
     return f"nodeagent-{subjects.check_token(node_id, 'node id')}"
+
+
+def result_data(
+    node_id: str, verb: Any, command_id: str, instance_id: int | None, outcome: str
+) -> CommandAppliedData | CommandRefusedData:
+    """The result payload of a command from its remembered outcome (`applied` or `refused:code:why`)."""
+    if outcome == "applied":
+        return CommandAppliedData(command_id=command_id, node_id=node_id, verb=verb, instance_id=instance_id)
+    _, code, reason = outcome.split(":", 2)
+    return CommandRefusedData(
+        command_id=command_id, node_id=node_id, verb=verb, instance_id=instance_id, code=code, reason=reason
+    )
 
 
 def check_start(
@@ -81,50 +125,80 @@ class CommandConsumer:
     """Pulls this node's commands one at a time and hands them to `handle(event, stream_seq)`."""
 
     def __init__(
-        self, js: JetStreamContext, node_id: str, handle: Handler, *, ack_wait: float = 60.0
+        self,
+        nc: Client,
+        node_id: str,
+        handle: Handler,
+        refuse: Refuser,
+        metrics: AgentMetrics,
+        *,
+        ack_wait: float = 60.0,
+        attempts: int = 3,
+        retry_delay: float = 1.0,
     ) -> None:
-        self.js = js
+        self.nc = nc
+        self.js: JetStreamContext = nc.jetstream()
         self.node_id = node_id
+        self.durable = durable_name(node_id)
         self.handle = handle
+        self.refuse = refuse
+        self.metrics = metrics
         self.ack_wait = ack_wait
+        self.attempts = attempts
+        self.retry_delay = retry_delay
         self._sub: JetStreamContext.PullSubscription | None = None
         self._stopping = False
+        self._alive_at: float | None = None  # wall clock when the durable was last known to exist
 
-    async def subscribe(self) -> None:
-        """Create (or bind to) the durable consumer; call before registering."""
+    def _config(self, since: float | None) -> ConsumerConfig:
         cfg = ConsumerConfig(
-            durable_name=durable_name(self.node_id),
+            durable_name=self.durable,
             ack_policy=AckPolicy.EXPLICIT,
             # A new durable starts at "now": it is created before the node registers, and
             # commands of an earlier life of this node id are not this agent's business.
             deliver_policy=DeliverPolicy.NEW,
             ack_wait=self.ack_wait,
             max_ack_pending=1,
-            max_deliver=-1,
+            max_deliver=-1,  # attempts are counted here (num_delivered), so a refusal is logged
             filter_subject=subjects.node_commands(self.node_id),
         )
+        if since is not None:
+            # Made again after it vanished: what was published since it was last seen is ours
+            # (a command seen before is answered from memory).
+            cfg.deliver_policy = DeliverPolicy.BY_START_TIME
+            cfg.opt_start_time = datetime.fromtimestamp(since - REMADE_MARGIN, UTC)
+        return cfg
+
+    async def subscribe(self, since: float | None = None) -> None:
+        """Create (or bind to) the durable consumer; call before registering."""
         self._sub = await self.js.pull_subscribe(
-            subjects.node_commands(self.node_id), durable=cfg.durable_name, stream=MOTOR_STREAM, config=cfg
+            subjects.node_commands(self.node_id),
+            durable=self.durable,
+            stream=MOTOR_STREAM,
+            config=self._config(since),
         )
+        self._alive_at = time.time()
 
     async def run(self) -> None:
-        """Fetch and handle commands until cancelled."""
-        if self._sub is None:
-            await self.subscribe()
-        assert self._sub is not None
+        """Fetch and handle commands until `stop` is called."""
         # nats-py turns a cancelled fetch into a NATS error at times: the flag, not the
         # cancellation alone, ends this loop.
         while not self._stopping:
+            if self._sub is None:
+                await self._remake()
+                continue
             try:
-                msgs = await self._sub.fetch(1, timeout=5.0)
+                msgs = await self._sub.fetch(1, timeout=FETCH_WAIT)
             except (NatsTimeoutError, TimeoutError):
+                if self.nc.is_connected:
+                    self._alive_at = time.time()  # the server held our pull: the consumer exists
                 continue
             except NatsError as exc:
                 if self._stopping:
                     return
-                log.warning("fetching commands failed: %s; retrying", exc)
-                await asyncio.sleep(1.0)
+                await self.on_fetch_failed(exc)
                 continue
+            self._alive_at = time.time()
             for msg in msgs:
                 await self._one(msg)
 
@@ -132,30 +206,115 @@ class CommandConsumer:
         """Make `run` return at its next turn (call before cancelling it)."""
         self._stopping = True
 
+    async def on_fetch_failed(self, exc: Exception) -> None:
+        """A fetch failed: make the durable consumer again if it is gone, else pause a moment."""
+        try:
+            await self.js.consumer_info(MOTOR_STREAM, self.durable)
+        except NotFoundError:
+            log.warning("command consumer %s is gone (%s): making it again", self.durable, exc)
+            await self._remake()
+            return
+        except (NatsError, TimeoutError) as info_exc:
+            log.warning("fetching commands failed (%s); consumer check failed too (%s)", exc, info_exc)
+        else:
+            log.warning("fetching commands failed: %s; retrying", exc)
+        await asyncio.sleep(1.0)
+
+    async def _remake(self) -> None:
+        old, self._sub = self._sub, None
+        if old is not None:
+            with contextlib.suppress(Exception):
+                await old.unsubscribe()
+        since = self._alive_at
+        try:
+            await self.subscribe(since=since)
+        except (NatsError, TimeoutError) as exc:
+            log.warning("cannot make command consumer %s yet: %s; retrying in 1s", self.durable, exc)
+            await asyncio.sleep(1.0)
+            return
+        self.metrics.consumer_remade.labels(self.node_id).inc()
+        log.warning("command consumer %s made again (commands since %s)", self.durable, _clock(since))
+
     async def _one(self, msg: Msg) -> None:
+        seq = msg.metadata.sequence.stream
         try:
             ev: AnyEvent = decode(msg.data)
         except DecodeError as exc:
-            log.warning("undecodable command on %s dropped: %s", msg.subject, exc)
-            await msg.term()
+            log.warning("undecodable command at seq %d on %s terminated: %s", seq, msg.subject, exc)
+            self.metrics.commands_rejected.labels(self.node_id, "undecodable").inc()
+            await self._settle(msg, "term", seq)
             return
         if not isinstance(ev, StartCommand | StopCommand):
-            log.warning("%s on %s is not a command; ignored", ev.type, msg.subject)
-            await msg.ack()
+            log.warning("%s at seq %d on %s is not a command; terminated", ev.type, seq, msg.subject)
+            self.metrics.commands_rejected.labels(self.node_id, "not_a_command").inc()
+            await self._settle(msg, "term", seq)
             return
         keepalive = asyncio.create_task(self._keepalive(msg))
+        failed: Exception | None = None
         try:
-            await self.handle(ev, msg.metadata.sequence.stream)
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            log.exception("command %s failed; it will be redelivered", ev.data.command_id)
-            with contextlib.suppress(Exception):
-                await msg.nak(delay=1.0)
-            return
+            await self.handle(ev, seq)
+        except Exception as exc:
+            failed = exc
         finally:
             keepalive.cancel()
-        await msg.ack_sync()
+        if failed is not None:
+            await self.on_handler_failed(msg, ev, seq, failed)
+        else:
+            await self._settle(msg, "ack", seq)
+
+    async def on_handler_failed(self, msg: Msg, ev: Command, seq: int, exc: Exception) -> None:
+        """Deliver again after a growing delay; after `attempts` deliveries refuse and terminate."""
+        cid = ev.data.command_id
+        delivered = msg.metadata.num_delivered
+        what = f"{type(exc).__name__}: {exc}"
+        self.metrics.command_failures.labels(self.node_id).inc()
+        if delivered < self.attempts:
+            delay = self.retry_delay * 2 ** (delivered - 1)
+            log.warning(
+                "command %s at seq %d failed (attempt %d of %d): %s; delivered again in %.1fs",
+                cid, seq, delivered, self.attempts, what, delay,
+            )  # fmt: skip
+            await self._settle(msg, "nak", seq, delay)
+            return
+        log.error("command %s at seq %d failed %d times; refusing it", cid, seq, delivered, exc_info=exc)
+        self.metrics.commands_rejected.labels(self.node_id, "handler_failed").inc()
+        try:
+            async with asyncio.timeout(self.ack_wait / 2):
+                await self.refuse(ev, "handler_failed", f"handling failed {delivered} times, last: {what}")
+        except Exception as refuse_exc:
+            log.error("command %s at seq %d: its refusal was not published either: %s", cid, seq, refuse_exc)
+        await self._settle(msg, "term", seq)
+
+    async def _settle(self, msg: Msg, how: str, seq: int, delay: float | None = None) -> None:
+        """Ack, nak or term `msg`, retried while NATS does not answer; never raises.
+
+        Given up after the ack wait: JetStream has redelivered the message by then, and the
+        agent answers a command it has seen the same way again.
+        """
+        deadline = time.monotonic() + self.ack_wait
+        pause = 0.2
+        while True:
+            try:
+                if how == "ack":
+                    await msg.ack_sync(timeout=ACK_TIMEOUT)
+                elif how == "nak":
+                    await msg.nak(delay=delay)
+                else:
+                    await msg.term()
+                return
+            except MsgAlreadyAckdError:
+                return
+            except (NatsError, TimeoutError, OSError) as exc:
+                if self._stopping or time.monotonic() + pause >= deadline:
+                    self.metrics.command_ack_failures.labels(self.node_id).inc()
+                    log.warning(
+                        "command at seq %d: %s failed (%s); JetStream redelivers it, answered again",
+                        seq, how, exc or type(exc).__name__,
+                    )  # fmt: skip
+                    return
+                log.info("command at seq %d: %s failed (%s); retrying", seq, how, exc or type(exc).__name__)
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 5.0)
 
     async def _keepalive(self, msg: Msg) -> None:
         # A stop may take stop_grace seconds: keep the message ours meanwhile.
@@ -168,3 +327,7 @@ class CommandConsumer:
         if self._sub is not None:
             with contextlib.suppress(Exception):
                 await self._sub.unsubscribe()
+
+
+def _clock(ts: float | None) -> str:
+    return "now" if ts is None else datetime.fromtimestamp(ts, UTC).strftime("%H:%M:%S UTC")

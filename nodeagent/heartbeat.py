@@ -3,6 +3,10 @@
 Load comes from each engine's `/metrics` (running, waiting, KV usage -> free blocks). While
 a container snapshot is pending the heartbeat says so, so the controller holds the instance
 out of routing instead of reading the quiet engine as healthy.
+
+Only the latest heartbeat matters: while NATS is away (disconnected, or not answering since a
+heartbeat failed) a beat is dropped and counted instead of being buffered by the client, and
+the first beat NATS answers again carries fresh load.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import time
 from collections.abc import Callable
 
 import aiohttp
+from nats.aio.client import Client
 from nats.errors import Error as NatsError
 
 from core.events import EndpointLoad, EndpointStatus, Heartbeat, HeartbeatData
@@ -28,20 +33,24 @@ from streams.publisher import Publisher
 log = logging.getLogger(__name__)
 
 _SCRAPED = (EndpointStatus.READY, EndpointStatus.ABNORMAL)
+JS_INFO = "$JS.API.INFO"  # the cheapest question JetStream answers
 
 
 class Heartbeats:
     def __init__(
         self,
         settings: AgentSettings,
-        publisher: Publisher,
+        nc: Client,
         session: aiohttp.ClientSession,
         engines: Engines,
         metrics: AgentMetrics,
         snapshot_pending: Callable[[], bool],
     ) -> None:
+        self.nc = nc
         self.settings = settings
-        self.publisher = publisher
+        # A beat waits for its ack at most two intervals: a later beat says more than a late ack.
+        ack_timeout = max(1.0, 2 * settings.heartbeat_interval)
+        self.publisher = Publisher(nc.jetstream(), ack_timeout=ack_timeout)
         self.session = session
         self.engines = engines
         self.metrics = metrics
@@ -97,12 +106,19 @@ class Heartbeats:
         loads = await asyncio.gather(*(self._load(ep) for ep in eps))
         data = self.payload(list(zip(eps, loads, strict=True)))
         if self.on_beat is not None:
-            self.on_beat(data)
-        hb = Heartbeat(id=new_id(), ts=time.time(), source=f"nodeagent/{self.settings.node_id}", data=data)
+            self.on_beat(data)  # engine health, whether NATS hears this beat or not
+        node = self.settings.node_id
+        if not await self.nats_answers():
+            self.metrics.heartbeats_dropped.labels(node).inc()
+            if not self._failing:
+                log.warning("NATS away: heartbeats dropped until it answers")
+            self._failing = True
+            return
+        hb = Heartbeat(id=new_id(), ts=time.time(), source=f"nodeagent/{node}", data=data)
         try:
             await self.publisher.publish(hb)
         except (StreamsError, NatsError, OSError) as exc:
-            self.metrics.heartbeat_failures.labels(self.settings.node_id).inc()
+            self.metrics.heartbeat_failures.labels(node).inc()
             if not self._failing:
                 log.warning("heartbeat not published: %s", exc)
             self._failing = True
@@ -110,4 +126,18 @@ class Heartbeats:
         if self._failing:
             log.info("heartbeats flowing again")
         self._failing = False
-        self.metrics.heartbeats.labels(self.settings.node_id).inc()
+        self.metrics.heartbeats.labels(node).inc()
+
+    async def nats_answers(self) -> bool:
+        """Connected, and (after a failed beat) answering a PING within one interval."""
+        if not self.nc.is_connected:
+            return False
+        if not self._failing:
+            return True
+        # A request, not `nc.flush()`: nats-py leaves a flush that timed out in its PONG queue,
+        # and the late PONG then kills the client's read loop for good.
+        try:
+            await self.nc.request(JS_INFO, b"", timeout=max(1.0, self.settings.heartbeat_interval))
+        except (NatsError, TimeoutError, OSError):
+            return False
+        return True

@@ -58,6 +58,50 @@ class AgentMetrics:
             labels,
             registry=self.registry,
         )
+        self.heartbeats_dropped = Counter(
+            "motor_nodeagent_heartbeats_dropped",
+            "Heartbeats not sent because NATS was away (only the latest matters).",
+            labels,
+            registry=self.registry,
+        )
+        self.commands_rejected = Counter(
+            "motor_nodeagent_commands_rejected",
+            "Command messages terminated without taking effect, by reason "
+            "(undecodable, not_a_command, handler_failed).",
+            [*labels, "reason"],
+            registry=self.registry,
+        )
+        self.command_failures = Counter(
+            "motor_nodeagent_command_failures",
+            "Command handling attempts that raised (each is delivered again or refused).",
+            labels,
+            registry=self.registry,
+        )
+        self.command_ack_failures = Counter(
+            "motor_nodeagent_command_ack_failures",
+            "Acks, naks or terms of commands that NATS did not take within the ack wait.",
+            labels,
+            registry=self.registry,
+        )
+        self.consumer_remade = Counter(
+            "motor_nodeagent_command_consumer_remade",
+            "Times the durable command consumer was made again after it vanished.",
+            labels,
+            registry=self.registry,
+        )
+        self.events_dropped = Counter(
+            "motor_nodeagent_events_dropped",
+            "Events dropped from the outbox because they cannot be published (refused by the "
+            "server past the budget, or not encodable), by type.",
+            [*labels, "type"],
+            registry=self.registry,
+        )
+        self.part_restarts = Counter(
+            "motor_nodeagent_part_restarts",
+            "Parts of the agent (commands, heartbeats, resync, ...) started again after they failed.",
+            [*labels, "part"],
+            registry=self.registry,
+        )
 
     def set_status(self, endpoint_id: int, status: EndpointStatus) -> None:
         for s in EndpointStatus:

@@ -20,6 +20,7 @@ seed's "refresh the Controller DNS".
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from collections.abc import Callable
@@ -33,6 +34,8 @@ from core.config import SnapshotConfig
 from core.events import SnapshotPhase, StartCommandData
 
 log = logging.getLogger(__name__)
+
+POLL_INTERVAL = 0.5
 
 RESTORED_ENV = "MOTOR_SNAPSHOT_RESTORED"
 PENDING = frozenset({SnapshotPhase.SUSPENDED, SnapshotPhase.CHECKPOINT_DONE})
@@ -136,6 +139,12 @@ class Snapshot:
             self._to(SnapshotPhase.CHECKPOINT_DONE, {})
         elif self.phase == SnapshotPhase.CHECKPOINT_DONE and self.all_ready():
             self._to(SnapshotPhase.RESTORED, {})
+
+    async def run(self, interval: float = POLL_INTERVAL) -> None:
+        """Step every `interval` seconds until cancelled (the checkpoint marker is a file)."""
+        while True:
+            self.step()
+            await asyncio.sleep(interval)
 
     def _to(self, phase: SnapshotPhase, metadata: dict[str, str]) -> None:
         if phase == self.phase:

@@ -1,0 +1,159 @@
+"""Commands that cannot be carried out never block a node: a real agent, a real nats-server.
+
+A poison command (its handler raises every time) is delivered `command_attempts` times, then
+refused with `handler_failed` and terminated; an undecodable message on the node's command
+subject is terminated and counted; the node's next command runs in each case. The durable
+command consumer comes back when MOTOR is deleted and made again under a running agent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from pathlib import Path
+
+import pytest
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+
+from core import subjects
+from core.events import CommandApplied, CommandRefused, EndpointStatus, EndpointStatusChanged, NodeRegistered
+from core.ids import new_id
+from nodeagent.commands import durable_name
+from streams.definitions import MOTOR_STREAM, ensure_streams
+from streams.publisher import Publisher
+from tests.integration.nodeagent_harness import (
+    Agent,
+    EventTail,
+    start_command,
+    stop_command,
+    write_config,
+)
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def node_id() -> str:
+    return f"n-{new_id()[-10:]}"
+
+
+def is_(cls: type, node: str, **want: object):  # type: ignore[no-untyped-def]
+    def pred(ev: object) -> bool:
+        if not isinstance(ev, cls):
+            return False
+        data = ev.data  # type: ignore[attr-defined]
+        return data.node_id == node and all(getattr(data, k) == v for k, v in want.items())
+
+    return pred
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    """The value of one sample of the agent's /metrics (0 when absent)."""
+    for line in text.splitlines():
+        if not line.startswith(name + "{"):
+            continue
+        got = dict(re.findall(r'(\w+)="([^"]*)"', line[: line.index("}")]))
+        if all(got.get(k) == v for k, v in labels.items()):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+async def acked_through(js: JetStreamContext, node: str, seq: int, within: float = 30.0) -> None:
+    """Wait until the node's command consumer has acked (or terminated) up to stream seq `seq`."""
+    deadline = time.monotonic() + within
+    while True:
+        info = await js.consumer_info(MOTOR_STREAM, durable_name(node))
+        if info.ack_floor.stream_seq >= seq and info.num_ack_pending == 0:
+            return
+        assert time.monotonic() < deadline, f"command at seq {seq} not acked: {info}"
+        await asyncio.sleep(0.05)  # consumer state has no event to await
+
+
+async def up(tmp_path: Path, url: str, tail: EventTail, agents: list[Agent]) -> tuple[Agent, NodeRegistered]:
+    node = node_id()
+    cfg = write_config(tmp_path / "cluster.json", command_attempts=3, command_retry_delay=0.2)
+    agent = Agent(tmp_path, cfg, node, url).start()
+    agents.append(agent)
+    reg = await tail.wait(is_(NodeRegistered, node), within=60)
+    return agent, reg
+
+
+async def test_poison_command_is_refused_after_its_attempts_and_the_next_start_runs(
+    tmp_path: Path, nats_server: object, js: JetStreamContext, tail: EventTail, agents: list[Agent]
+) -> None:
+    agent, reg = await up(tmp_path, nats_server.url, tail, agents)  # type: ignore[attr-defined]
+    node = agent.node_id
+    pub = Publisher(js)
+    # Its handler raises every time: binding the bootstrap port 70000 is an OverflowError.
+    (ep,) = reg.data.endpoints
+    poison = start_command(node, (ep.model_copy(update={"bootstrap_port": 70000}),), instance_id=3)
+    good = start_command(node, reg.data.endpoints, instance_id=4)
+    await pub.publish(poison)
+    await pub.publish(good)
+
+    refused = await tail.wait(is_(CommandRefused, node, command_id=poison.data.command_id), within=30)
+    assert refused.data.code == "handler_failed", refused.data
+    assert "3 times" in refused.data.reason and "OverflowError" in refused.data.reason
+    await tail.wait(is_(CommandApplied, node, command_id=good.data.command_id), within=30)
+    await tail.wait(is_(EndpointStatusChanged, node, status=EndpointStatus.READY), within=60)
+    assert (await agent.status())["instance_id"] == 4
+
+    _, text = await agent.get("/metrics")
+    assert metric(text, "motor_nodeagent_commands_rejected_total", reason="handler_failed") == 1
+    assert metric(text, "motor_nodeagent_command_failures_total") == 3
+
+    # A copy of the poison (same command id) is answered from memory: never run again.
+    again = await pub.publish(poison.model_copy(update={"id": new_id()}))
+    await acked_through(js, node, again)
+    assert metric((await agent.get("/metrics"))[1], "motor_nodeagent_command_failures_total") == 3
+
+
+async def test_undecodable_and_misaddressed_commands_are_dropped_and_the_next_runs(
+    tmp_path: Path, nats_server: object, js: JetStreamContext, tail: EventTail, agents: list[Agent]
+) -> None:
+    agent, reg = await up(tmp_path, nats_server.url, tail, agents)  # type: ignore[attr-defined]
+    node = agent.node_id
+    await js.publish(subjects.command(node, "start"), b'{"type": "command.start", "data": {')
+    await js.publish(subjects.command(node, "start"), b"\xff\xfe not json at all")
+    # A stop addressed to another node, on this node's subject.
+    stray = stop_command("someone-else").model_copy(update={"id": new_id()})
+    await js.publish(subjects.command(node, "stop"), stray.model_dump_json().encode())
+    good = start_command(node, reg.data.endpoints)
+    await Publisher(js).publish(good)
+
+    refused = await tail.wait(
+        lambda ev: ev.type == "command.refused" and ev.data.command_id == stray.data.command_id
+    )
+    assert refused.data.code == "wrong_node"
+    await tail.wait(is_(CommandApplied, node, command_id=good.data.command_id), within=30)
+    _, text = await agent.get("/metrics")
+    assert metric(text, "motor_nodeagent_commands_rejected_total", reason="undecodable") == 2
+    assert "undecodable command at seq" in agent.output()
+    assert agent.proc is not None and agent.proc.poll() is None
+
+
+async def test_command_consumer_is_made_again_after_motor_is_deleted_and_recreated(
+    tmp_path: Path,
+    nats_server: object,
+    nc: Client,
+    js: JetStreamContext,
+    tail: EventTail,
+    agents: list[Agent],
+) -> None:
+    agent, reg = await up(tmp_path, nats_server.url, tail, agents)  # type: ignore[attr-defined]
+    node = agent.node_id
+    await js.delete_stream(MOTOR_STREAM)
+    await ensure_streams(js)
+    after = await EventTail(nc).start()
+    try:
+        # Published before the agent noticed: the consumer made again still gets it.
+        start = start_command(node, reg.data.endpoints)
+        seq = await Publisher(js).publish(start)
+        await after.wait(is_(CommandApplied, node, command_id=start.data.command_id), within=30)
+        await after.wait(is_(EndpointStatusChanged, node, status=EndpointStatus.READY), within=60)
+    finally:
+        await after.close()
+    await acked_through(js, node, seq)
+    _, text = await agent.get("/metrics")
+    assert metric(text, "motor_nodeagent_command_consumer_remade_total") == 1
