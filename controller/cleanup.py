@@ -2,13 +2,14 @@
 
 The controller clears only what it can judge from the log: a software fault (L3/L4) once
 the engines it hit were restarted and are READY, its own "start retries exhausted" fault
-once the node registers again, and a precision alarm once the P/D group was restarted and is
-READY. Hardware faults (L5/L6) stay open until whoever reported them clears them.
+once the node registers again, its own "crash loop" fault once the node registers again or
+sat out `failover_hold`, and a precision alarm once the P/D group was restarted and is READY. Hardware faults (L5/L6) stay open until whoever reported them clears them.
 """
 
 from __future__ import annotations
 
 from controller.decision import Cause, Ctx, Decision
+from controller.instance_rules import CRASH_LOOP
 from controller.view import RESTART_LEVELS, START_EXHAUSTED, fault_instance, ready_since, start_for
 from core.state import InstanceRecord
 
@@ -38,10 +39,15 @@ def cleanup(ctx: Ctx, busy: set[int]) -> list[Decision]:
                 why = f"{d.code}: no instance to restart on {d.node_id}; its next start is a fresh one"
             elif restarted_since(ctx, inst, f.seq):
                 why = f"{d.code}: instance {inst.instance_id} restarted and READY"
-        elif d.code == START_EXHAUSTED:
+        elif d.code in (START_EXHAUSTED, CRASH_LOOP):
             node = state.nodes.get(d.node_id)
+            hold = ctx.cfg.controller.failover_hold
             if node is None or node.registered_seq > f.seq:
                 why = f"{d.code}: {d.node_id} registered again (or left); it may be assembled again"
+            elif (
+                d.code == CRASH_LOOP and ctx.now - f.ts >= hold and f.data.instance_id not in state.instances
+            ):
+                why = f"{d.code}: {d.node_id} sat out {hold:g}s after its instance was failed over"
         if why:
             out.append(ctx.fault_cleared(d.fault_id, d.node_id, f.event_id, Cause(f.seq, f.event_id, why)))
     for a in sorted(state.alarms.values(), key=lambda a: a.seq):

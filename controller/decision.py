@@ -118,8 +118,10 @@ class Ctx:
             StopCommand(id=cid, ts=self.now, source=self.source, caused_by=cause.caused_by(), data=data)
         )
 
-    def start(self, inst: InstanceRecord, rank: int, attempt: int, cause: Cause) -> Decision:
-        """Motor's StartCmdMsg for the member at `rank` of `inst`."""
+    def start(
+        self, inst: InstanceRecord, rank: int, attempt: int, cause: Cause, restarts: int = 0
+    ) -> Decision:
+        """Motor's StartCmdMsg for the member at `rank` of `inst`; `restarts`: crashes in a row it answers."""
         spec = inst.spec
         member = spec.members[rank]
         cid = derive_id("start", member.node_id, inst.instance_id, cause.id, attempt)
@@ -137,6 +139,7 @@ class Ctx:
             nnodes=len(spec.members),
             d2d_peer_ips=member_peer_ips(spec, rank),
             attempt=attempt,
+            restarts=restarts,
         )
         return Decision(
             StartCommand(id=cid, ts=self.now, source=self.source, caused_by=cause.caused_by(), data=data)

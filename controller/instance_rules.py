@@ -4,6 +4,12 @@ The rules run in that order and the first that has something to do wins, so one 
 emits contradictory moves for an instance. None of them reads heartbeat times: heartbeats are
 not in the MOTOR log, so every rule here must give the same answer on a replay of MOTOR alone
 (`liveness.py` owns the heartbeat rules and marks its decisions as such).
+
+The restart ladder: an instance whose engines crash after READY is restarted at once; each
+further crash in a row (the instance served less than `restart_reset_after` before it) waits
+a backoff before its restart; the `restart_limit`-th crash in a row fails the instance over
+instead (a controller-raised L5 `CrashLoop` fault on the node, handled like any replace-level
+fault). The count travels in the start command (`restarts`), so it is read from the log.
 """
 
 from __future__ import annotations
@@ -17,12 +23,14 @@ from controller.view import (
     start_for,
     statuses_since,
 )
+from core.config import ControllerConfig
 from core.events import EndpointStatus, FaultLevel, InstanceMember, InstanceState
 from core.ids import derive_id
 from core.state import CommandRecord, InstanceRecord, NodeRecord
 
 HB_MARK = "heartbeat"  # decisions whose reason carries this depend on heartbeats
 OUT_OF_SERVICE = frozenset({InstanceState.ISOLATED, InstanceState.RECOVERING})
+CRASH_LOOP = "CrashLoop"  # the controller's fault for an instance it fails over
 
 
 def reconcile(ctx: Ctx, inst: InstanceRecord) -> list[Decision]:
@@ -55,6 +63,9 @@ def replace_cause(ctx: Ctx, inst: InstanceRecord, nodes: list[NodeRecord | None]
     for f in ctx.idx.faults_by_instance.get(inst.instance_id, ()):
         if f.data.level in REPLACE_LEVELS:
             d = f.data
+            if d.code == CRASH_LOOP:
+                why = f"{d.code} on {d.node_id}: failing instance {inst.instance_id} over to other nodes"
+                return Cause(f.seq, f.event_id, why)
             return Cause(f.seq, f.event_id, f"{d.level} fault {d.code} on {d.node_id}: replacing the node")
     return None
 
@@ -120,11 +131,22 @@ def _restart_cause(ctx: Ctx, inst: InstanceRecord, nodes: list[NodeRecord]) -> C
 
 
 def _recover(ctx: Ctx, inst: InstanceRecord, nodes: list[NodeRecord], cause: Cause) -> list[Decision]:
-    """Isolate, stop every member, then start each one whose stop is done (Motor's L3)."""
+    """Isolate, stop every member, then start each one whose stop is done (Motor's L3).
+
+    Unless this crash is the `restart_limit`-th in a row: then fail the instance over.
+    """
     if inst.state not in OUT_OF_SERVICE:
+        crashes = crashes_in_a_row(ctx, inst, nodes, ctx.now)
+        if crashes >= ctx.cfg.controller.restart_limit:
+            return [_fail_over(ctx, inst, nodes, cause, crashes)]
         return [ctx.state_change(inst, InstanceState.ISOLATED, cause)]
     out: list[Decision] = []
     if inst.state == InstanceState.ISOLATED:
+        crashes = crashes_in_a_row(ctx, inst, nodes, ctx.now)
+        wait = restart_delay(ctx.cfg.controller, crashes)
+        if wait:
+            plan = f" (crash {crashes} in a row after READY: restart after a {wait:g}s backoff)"
+            cause = Cause(cause.seq, cause.id, cause.reason + plan)
         out.append(ctx.state_change(inst, InstanceState.RECOVERING, cause))
     for node in nodes:
         if node.stop_cmd is None or node.stop_cmd.seq < cause.seq:
@@ -159,10 +181,60 @@ def _restart_stopped(ctx: Ctx, inst: InstanceRecord, nodes: list[NodeRecord], si
             continue
         if stop.status == "pending" and ctx.now - stop.ts < ctx.cfg.controller.start_timeout:
             continue  # an engine must be down before it is started again
+        crashes = crashes_in_a_row(ctx, inst, nodes, stop.ts)
+        wait = restart_delay(ctx.cfg.controller, crashes)
+        if ctx.now - stop.ts < wait:
+            continue  # backing off: crash `crashes` in a row
         said = getattr(stop.data, "reason", "") or "no reason given"
-        why = f"restart: {node.node_id} stopped ({said}), starting it again"
-        out += _start_or_give_up(ctx, inst, rank, node, prev, Cause(stop.seq, stop.data.command_id, why))
+        cause = Cause(
+            stop.seq, stop.data.command_id, f"restart: {node.node_id} stopped ({said}), starting it again"
+        )
+        out += _start_or_give_up(ctx, inst, rank, node, prev, cause, crashes or None)
     return out
+
+
+def restart_delay(ctrl: ControllerConfig, crashes: int) -> float:
+    """How long the restart after the `crashes`-th crash in a row waits (the first: not at all)."""
+    if crashes <= 1:
+        return 0.0
+    return min(ctrl.restart_backoff_initial * 2 ** (crashes - 2), ctrl.restart_backoff_max)
+
+
+def crashes_in_a_row(ctx: Ctx, inst: InstanceRecord, nodes: list[NodeRecord], at: float) -> int:
+    """Which crash after READY in a row a crash at `at` is (0: the last start never got READY).
+
+    After READY means the instance turned ACTIVE since its last start; the count goes on from
+    the one that start answered unless the instance had served `restart_reset_after` by `at`.
+    """
+    prevs = [c for n in nodes if (c := start_for(n, inst.instance_id)) is not None]
+    if not prevs or inst.active_seq < max(c.seq for c in prevs):
+        return 0
+    if at - inst.active_ts >= ctx.cfg.controller.restart_reset_after:
+        return 1
+    return max(_restarts(c) for c in prevs) + 1
+
+
+def _restarts(cmd: CommandRecord | None) -> int:
+    return int(getattr(cmd.data, "restarts", 0)) if cmd is not None else 0
+
+
+def _fail_over(
+    ctx: Ctx, inst: InstanceRecord, nodes: list[NodeRecord], cause: Cause, crashes: int
+) -> Decision:
+    """The controller's CrashLoop fault on the node the crash came from: replace the instance."""
+    node = next((n for n in nodes if cause.seq in n.endpoint_seq.values()), None)
+    faulted = [
+        f.data.node_id for f in ctx.idx.faults_by_instance.get(inst.instance_id, ()) if f.seq == cause.seq
+    ]
+    node_id = node.node_id if node is not None else (faulted[0] if faulted else inst.node_ids[0])
+    ctrl = ctx.cfg.controller
+    msg = (
+        f"instance {inst.instance_id} crashed {crashes} times in a row after READY (restart_limit "
+        f"{ctrl.restart_limit}, none served {ctrl.restart_reset_after:g}s): failing it over instead of "
+        f"restarting; {node_id} sits out for {ctrl.failover_hold:g}s ({cause.reason})"
+    )
+    fault_id = derive_id("crash-loop", inst.instance_id, cause.id)
+    return ctx.fault(fault_id, node_id, FaultLevel.L5, CRASH_LOOP, msg, inst.instance_id, cause)
 
 
 def _next_attempt(inst: InstanceRecord, prev: CommandRecord | None) -> int:
@@ -173,11 +245,18 @@ def _next_attempt(inst: InstanceRecord, prev: CommandRecord | None) -> int:
 
 
 def _start_or_give_up(
-    ctx: Ctx, inst: InstanceRecord, rank: int, node: NodeRecord, prev: CommandRecord | None, cause: Cause
+    ctx: Ctx,
+    inst: InstanceRecord,
+    rank: int,
+    node: NodeRecord,
+    prev: CommandRecord | None,
+    cause: Cause,
+    restarts: int | None = None,
 ) -> list[Decision]:
+    """Start (again) unless `start_attempts` starts got no READY; `restarts` defaults to prev's."""
     attempt = _next_attempt(inst, prev)
     if attempt <= ctx.cfg.controller.start_attempts or prev is None:
-        return [ctx.start(inst, rank, attempt, cause)]
+        return [ctx.start(inst, rank, attempt, cause, _restarts(prev) if restarts is None else restarts)]
     prev_id = prev.data.command_id
     fault_id = derive_id("start-exhausted", prev_id)
     if fault_id in ctx.state.faults:

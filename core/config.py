@@ -165,6 +165,17 @@ class ControllerConfig(_Strict):
     scale_p2d: bool = False
     recovery_timeout: float = Field(300.0, gt=0)
     tick_interval: float = Field(0.5, gt=0)
+    # An instance that crashes after READY is restarted at once; each further crash in a row
+    # waits restart_backoff_initial, doubling up to restart_backoff_max. A crash after the
+    # instance served (ACTIVE) for restart_reset_after starts the count again. The
+    # restart_limit-th crash in a row fails the instance over (terminated, rebuilt on other
+    # nodes); the node it crashed on sits out of assembly for failover_hold (or until it
+    # registers again).
+    restart_backoff_initial: float = Field(1.0, gt=0)
+    restart_backoff_max: float = Field(60.0, gt=0)
+    restart_reset_after: float = Field(300.0, gt=0)
+    restart_limit: int = Field(5, ge=2)
+    failover_hold: float = Field(300.0, gt=0)
 
 
 class RateLimitConfig(_Strict):

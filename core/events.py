@@ -262,6 +262,9 @@ class StartCommandData(_Frozen):
     d2d_peer_ips: tuple[str, ...] | None = None
     ranktable: dict[str, Any] | None = None
     attempt: int = 1
+    # Crashes after READY in a row this start answers (0: not a restart after a crash); the
+    # controller's restart backoff and failover count from it.
+    restarts: int = 0
 
 
 class StopCommandData(_Frozen):

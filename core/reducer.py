@@ -244,8 +244,15 @@ def _state_changed(s: ClusterState, ev: InstanceStateChanged, seq: int) -> Chang
         if d.instance_id in alarms:
             alarms = alarms.delete(d.instance_id)
         return dict(instances=s.instances.delete(d.instance_id), nodes=nodes, alarms=alarms)
-    active_seq = seq if d.state == InstanceState.ACTIVE else inst.active_seq
-    rec = replace(inst, state=d.state, state_ts=ev.ts, reason=d.reason, active_seq=active_seq)
+    active = d.state == InstanceState.ACTIVE
+    rec = replace(
+        inst,
+        state=d.state,
+        state_ts=ev.ts,
+        reason=d.reason,
+        active_seq=seq if active else inst.active_seq,
+        active_ts=ev.ts if active else inst.active_ts,
+    )
     return dict(instances=s.instances.set(d.instance_id, rec))
 
 

@@ -82,6 +82,7 @@ class InstanceRecord:
     reason: str = ""
     assembled_id: str = ""
     active_seq: int = 0  # stream seq of the last transition to ACTIVE (0: never active)
+    active_ts: float = 0.0  # and its time: how long it had served when it crashed
 
     @property
     def instance_id(self) -> int:
@@ -224,6 +225,7 @@ def state_to_dict(state: ClusterState) -> dict[str, Any]:
                 "reason": i.reason,
                 "assembled_id": i.assembled_id,
                 "active_seq": i.active_seq,
+                "active_ts": i.active_ts,
             }
             for k, i in sorted(state.instances.items())
         },
@@ -289,6 +291,7 @@ def state_from_dict(raw: dict[str, Any]) -> ClusterState:
             reason=i["reason"],
             assembled_id=i.get("assembled_id", ""),
             active_seq=i.get("active_seq", 0),
+            active_ts=i.get("active_ts", 0.0),
         )
         for k, i in raw["instances"].items()
     }
