@@ -97,7 +97,7 @@ class NodeAgent:
     # ------------------------------------------------------------------ run
 
     async def run(self, stop: asyncio.Event) -> int:
-        """Run until `stop` is set (or a part fails); return the exit code."""
+        """Run until `stop` is set; return the exit code."""
         s = self.settings
         build_registration(s)  # a config that cannot run fails here, before anything starts
         async with AsyncExitStack() as stack:
@@ -174,40 +174,28 @@ class NodeAgent:
                 for name, part in parts.items()
             }
             log.info("node agent %s up: %s, HTTP on %s", s.node_id, s.role.value, self.agent_url)
-            code = await self._until_stopped(stop, tasks, consumer)
+            await stop.wait()
             log.info("node agent %s shutting down", s.node_id)
-            await self._shutdown(crashed=code != 0)
+            consumer.stop()
+            await self._stop_parts(tasks)
+            await self._shutdown()
         log.info("node agent %s stopped", s.node_id)
-        return code
+        return 0
 
-    async def _until_stopped(
-        self, stop: asyncio.Event, tasks: set[asyncio.Task[None]], consumer: CommandConsumer
-    ) -> int:
-        waiter = asyncio.create_task(stop.wait(), name="stop")
-        done, _ = await asyncio.wait({waiter, *tasks}, return_when=asyncio.FIRST_COMPLETED)
-        code = 0
-        for t in done:
-            if t is not waiter and not t.cancelled() and t.exception() is not None:
-                log.error("%s failed", t.get_name(), exc_info=t.exception())
-                code = 1
-        consumer.stop()
-        everything = {waiter, *tasks}
-        for t in everything:
+    @staticmethod
+    async def _stop_parts(tasks: set[asyncio.Task[None]]) -> None:
+        for t in tasks:
             t.cancel()
         # Bounded: a library that swallows a cancellation must not hang the shutdown.
-        _, stuck = await asyncio.wait(everything, timeout=5.0)
+        _, stuck = await asyncio.wait(tasks, timeout=5.0)
         for t in stuck:
             log.warning("%s did not stop within 5s; leaving it", t.get_name())
-        return code
 
     def _part_restarted(self, name: str) -> None:
         self.metrics.part_restarts.labels(self.settings.node_id, name).inc()
 
-    async def _shutdown(self, *, crashed: bool) -> None:
-        keep = self.settings.keep_engines or crashed
-        if crashed:
-            # Not asked to stop: like a kill -9, leave the engines for the next agent to adopt.
-            log.error("node agent ending on a failure; its engines keep running for the next agent")
+    async def _shutdown(self) -> None:
+        keep = self.settings.keep_engines
         had = bool(self.engines.endpoints)
         await self.engines.close(stop_engines=not keep)
         if not keep:
