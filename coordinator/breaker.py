@@ -5,6 +5,10 @@ attempt only the leg that failed is charged. Backoff starts at `backoff_initial`
 on every failed probe up to `backoff_max`; one success closes the circuit and resets it.
 While the backoff runs `is_open` is True; when it has run out, one request may probe
 (`on_attempt` marks it) and the others wait for the outcome.
+
+A circuit belongs to one incarnation of its endpoint: when the endpoint comes back as a new
+process (`reset`, called when the log says READY with another pid) the old process's
+failures say nothing about the new one, and routing resumes at once.
 """
 
 from __future__ import annotations
@@ -27,9 +31,21 @@ class _Circuit:
     open_until: float = 0.0
     backoff: float = 0.0  # 0: has not opened since the last success
     probing: bool = False
+    last_reason: str = ""
 
 
-StateListener = Callable[[str, BreakerState], None]
+@dataclass(frozen=True, slots=True)
+class CircuitChange:
+    """What a listener hears when a circuit opens or closes."""
+
+    key: str
+    state: BreakerState
+    reason: str  # the failure that opened it, or why it closed
+    failures: int = 0
+    backoff: float = 0.0  # seconds until a probe (open only)
+
+
+StateListener = Callable[[CircuitChange], None]
 
 
 class Breakers:
@@ -50,6 +66,7 @@ class Breakers:
         self.clock = clock
         self.on_change = on_change
         self._circuits: dict[str, _Circuit] = {}
+        self._opened: set[str] = set()  # keys whose circuit has a backoff (open or half-open)
 
     def state(self, key: str) -> BreakerState:
         """The circuit's state now."""
@@ -62,28 +79,36 @@ class Breakers:
 
     def is_open(self, key: str) -> bool:
         """True while the endpoint must not be chosen (backing off, or a probe is out)."""
-        c = self._circuits.get(key)
-        if c is None or c.backoff == 0.0:
+        if key not in self._opened:
             return False
+        c = self._circuits[key]
         return c.probing or self.clock() < c.open_until
+
+    def idle(self) -> bool:
+        """True when no circuit is open or half-open (the table may skip its filter)."""
+        return not self._opened
 
     def on_attempt(self, key: str) -> None:
         """A request was sent to the endpoint; in half-open state it is the probe."""
-        c = self._circuits.get(key)
-        if c is not None and c.backoff and not c.probing and self.clock() >= c.open_until:
+        if key not in self._opened:
+            return
+        c = self._circuits[key]
+        if not c.probing and self.clock() >= c.open_until:
             c.probing = True
 
     def success(self, key: str) -> None:
         """The endpoint answered: close its circuit."""
         c = self._circuits.pop(key, None)
-        if c is not None and c.backoff and self.on_change is not None:
-            self.on_change(key, BreakerState.CLOSED)
+        if c is not None and c.backoff:
+            self._opened.discard(key)
+            self._notify(CircuitChange(key, BreakerState.CLOSED, "a request succeeded"))
 
-    def failure(self, key: str) -> None:
+    def failure(self, key: str, reason: str = "") -> None:
         """The endpoint failed a request (connect error, 5xx, timeout, death mid-stream)."""
         c = self._circuits.get(key)
         if c is None:
             c = self._circuits[key] = _Circuit()
+        c.last_reason = reason
         now = self.clock()
         if c.backoff:
             if c.probing or now >= c.open_until:
@@ -91,14 +116,24 @@ class Breakers:
                 c.backoff = min(c.backoff * 2, self.backoff_max)
                 c.open_until = now + c.backoff
                 c.probing = False
-                self._notify(key, BreakerState.OPEN)
+                self._notify(
+                    CircuitChange(key, BreakerState.OPEN, f"probe failed: {reason}", c.failures, c.backoff)
+                )
             return
         c.failures += 1
         if c.failures >= self.threshold:
             c.backoff = self.backoff_initial
             c.open_until = now + c.backoff
             c.probing = False
-            self._notify(key, BreakerState.OPEN)
+            self._opened.add(key)
+            self._notify(CircuitChange(key, BreakerState.OPEN, reason, c.failures, c.backoff))
+
+    def reset(self, key: str, reason: str) -> None:
+        """Forget the endpoint's circuit (it is another process now): routable at once."""
+        c = self._circuits.pop(key, None)
+        if c is not None and c.backoff:
+            self._opened.discard(key)
+            self._notify(CircuitChange(key, BreakerState.CLOSED, reason))
 
     def release_probe(self, key: str) -> None:
         """A probe ended without a verdict (the client went away): let another one try."""
@@ -110,6 +145,6 @@ class Breakers:
         """Every circuit that is not plainly closed."""
         return {k: self.state(k) for k in self._circuits}
 
-    def _notify(self, key: str, state: BreakerState) -> None:
+    def _notify(self, change: CircuitChange) -> None:
         if self.on_change is not None:
-            self.on_change(key, state)
+            self.on_change(change)

@@ -12,9 +12,10 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from coordinator.metrics import CoordinatorMetrics
+from coordinator.routes import any_path
 from coordinator.table import RoutingTable
 from core.config import CoordinatorConfig
-from core.events import AnyEvent, EventBase, Role
+from core.events import AnyEvent, EventBase
 
 
 class EventPublisher(Protocol):
@@ -77,20 +78,10 @@ class CoordinatorContext:
         reasons = []
         for model in models:
             plan = self.table.plan(model)
-            if plan.kind == "pd":
-                assert plan.engine_type is not None
-                if self.table.candidates(
-                    Role.PREFILL, model, engine_type=plan.engine_type, capability=plan.capability
-                ) and self.table.candidates(
-                    Role.DECODE, model, engine_type=plan.engine_type, capability=plan.capability
-                ):
-                    return True, ""
-                reasons.append(f"{model}: every P/D endpoint has an open circuit")
-            elif plan.kind == "single":
-                assert plan.role is not None
-                if self.table.candidates(plan.role, model):
-                    return True, ""
-                reasons.append(f"{model}: every {plan.role.value} endpoint has an open circuit")
-            else:
+            if plan.kind == "none":
                 reasons.append(plan.reason)
+            elif any_path(self.table, model) is not None:
+                return True, ""
+            else:
+                reasons.append(f"{model}: every path has an endpoint with an open circuit")
         return False, "; ".join(reasons)

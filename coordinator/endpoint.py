@@ -61,10 +61,45 @@ class Endpoint:
 
 @dataclass(frozen=True, slots=True)
 class Plan:
-    """Motor's router choice for one model: P/D two hops, a single hop, or none (503)."""
+    """What can serve a model, from the routable endpoints (before the breaker).
+
+    `kind`, `role`, `capability` and `engine_type` name the first choice when everything is
+    healthy (P/D, else a single hop) for `GET /v1/instances`; the router uses `pd`, `union`
+    and `prefill` to know which paths to weigh per request. `none` means nothing can serve
+    (a 503 before any attempt), with `reason`.
+    """
 
     kind: Literal["pd", "single", "none"]
     role: Role | None = None  # single: union or prefill
     capability: str | None = None  # pd: the shared P/D protocol (handoff | bootstrap | ...)
     engine_type: str | None = None  # pd: both sides speak this engine's protocol
     reason: str = ""  # none: why nothing can serve
+    pd: tuple[tuple[str, str], ...] = ()  # (engine_type, capability) P and D share, preferred first
+    union: bool = False  # union endpoints are routable
+    prefill: bool = False  # prefill endpoints may serve alone when no decode is usable
+
+    @property
+    def paths(self) -> list[str]:
+        """The kinds of path this model has, in fallback order (for `GET /v1/instances`)."""
+        out = [f"pd:{et}/{cap}" for et, cap in self.pd]
+        if self.union:
+            out.append("union")
+        if self.prefill:
+            out.append("prefill")
+        return out
+
+
+class Route:
+    """One path chosen for one attempt: a single hop to `ep`, or a prefill leg then `ep` (decode)."""
+
+    __slots__ = ("capability", "ep", "prefill")
+
+    def __init__(self, ep: Endpoint, prefill: Endpoint | None = None, capability: str | None = None) -> None:
+        self.ep = ep  # the endpoint whose response the client gets
+        self.prefill = prefill  # P/D: the prefill leg
+        self.capability = capability  # P/D: the protocol both legs speak
+
+    def __repr__(self) -> str:
+        if self.prefill is None:
+            return f"Route({self.ep.key})"
+        return f"Route({self.prefill.key} -> {self.ep.key} via {self.capability})"

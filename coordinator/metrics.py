@@ -140,7 +140,7 @@ class CoordinatorMetrics:
         )
         self.continuations = Counter(
             "motor_coordinator_continuations",
-            "Streams continued on another decode after a mid-stream death",
+            "Streams continued on another path after their engine died or stalled mid-stream",
             registry=r,
         )
         self.upstream_errors = Counter(
@@ -154,6 +154,24 @@ class CoordinatorMetrics:
         )
         self.breaker_trips = Counter(
             "motor_coordinator_breaker_trips", "Times a circuit opened", ["endpoint", "role"], registry=r
+        )
+        self.breaker_resets = Counter(
+            "motor_coordinator_breaker_resets",
+            "Open circuits closed because their endpoint came back as a new process",
+            ["endpoint", "role"],
+            registry=r,
+        )
+        self.fault_events = Counter(
+            "motor_coordinator_fault_events",
+            "Circuit and stream events appended to the log",
+            ["type"],
+            registry=r,
+        )
+        self.fault_events_dropped = Counter(
+            "motor_coordinator_fault_events_dropped",
+            "Circuit and stream events dropped because NATS was away too long and the queue was full",
+            ["reason"],
+            registry=r,
         )
         self.rate_limited = Counter(
             "motor_coordinator_rate_limited", "Requests refused with 429", ["reason"], registry=r

@@ -22,6 +22,7 @@ from coordinator.context import CoordinatorContext
 from coordinator.enginemetrics import install_engine_metrics
 from coordinator.errors import CoordinatorError, error_body
 from coordinator.refresh import validate_refresh
+from coordinator.routes import describe_plan
 from core.events import InstancesRefreshed, PrecisionAlarmCleared, PrecisionAlarmClearedData
 from core.ids import new_id
 
@@ -151,16 +152,7 @@ def create_mgmt_app(ctx: CoordinatorContext) -> FastAPI:
     async def instances(ctx: Ctx) -> Response:
         """Every endpoint the table knows, routable or not (and why), with its load."""
         t = ctx.table
-        plans = {}
-        for model in t.models():
-            p = t.plan(model)
-            plans[model] = {
-                "kind": p.kind,
-                "role": p.role.value if p.role else None,
-                "capability": p.capability,
-                "engine_type": p.engine_type,
-                "reason": p.reason,
-            }
+        plans = {model: describe_plan(t.plan(model)) for model in t.models()}
         return _json(
             {
                 "object": "list",

@@ -10,10 +10,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from dataclasses import dataclass
 from typing import Any
 
-from coordinator.breaker import Breakers, BreakerState
+from coordinator.breaker import Breakers, BreakerState, CircuitChange
 from coordinator.context import CoordinatorContext
+from coordinator.faultlog import FaultLog, Outbox
 from coordinator.metrics import BREAKER_CLOSED, BREAKER_HALF_OPEN, BREAKER_OPEN
 from coordinator.policies import Policy, make_policy
 from coordinator.proxy.app import ProxyApp
@@ -22,6 +24,7 @@ from coordinator.proxy.exchange import Upstreams
 from coordinator.proxy.flows import Flows
 from coordinator.proxy.server import ProxyServer
 from coordinator.proxy.upstream import UpstreamPool
+from coordinator.table import Incarnation
 from core import subjects
 from core.config import CoordinatorConfig
 from core.events import Role
@@ -45,19 +48,52 @@ def make_policies(settings: CoordinatorConfig) -> dict[Role, Policy]:
     }
 
 
-def build_proxy(ctx: CoordinatorContext, *, mgmt_app: Any = None) -> tuple[ProxyApp, Upstreams]:
-    """The /v1 handler over `ctx` (breakers wired into the table and the metrics)."""
+@dataclass
+class Proxy:
+    """The /v1 handler and the parts the service must close: engine pool, fault log, outbox."""
+
+    app: ProxyApp
+    ups: Upstreams
+    faults: FaultLog | None
+    outbox: Outbox | None
+
+    async def close(self) -> None:
+        """Close engine connections; flush the fault log and give its outbox a moment."""
+        await self.ups.close()
+        if self.faults is not None:
+            self.faults.flush()
+        if self.outbox is not None:
+            await self.outbox.close()
+
+
+def build_proxy(ctx: CoordinatorContext, *, mgmt_app: Any = None, name: str = "coordinator") -> Proxy:
+    """The /v1 handler over `ctx`: breakers wired into the table, the metrics and the fault log
+    (whose outbox appends circuit and stream events when `ctx` has a publisher)."""
     s = ctx.settings
     metrics = ctx.metrics
     table = ctx.table
+    outbox = Outbox(ctx.publisher, metrics=metrics) if ctx.publisher is not None else None
+    faults = FaultLog(table, outbox.post, coordinator=name, source=ctx.source) if outbox is not None else None
 
-    def on_change(key: str, state: BreakerState) -> None:
+    def on_change(change: CircuitChange) -> None:
+        key, state = change.key, change.state
         ep = table.endpoint(key)
         role = ep.role.value if ep is not None else ""
         metrics.breaker_state.labels(endpoint=key, role=role).set(_BREAKER_GAUGE[state])
         if state == BreakerState.OPEN:
             metrics.breaker_trips.labels(endpoint=key, role=role).inc()
-            log.warning("circuit of %s opened", key)
+            log.warning(
+                "circuit of %s opened for %.0f s after %d failures (seq %d): %s",
+                key,
+                change.backoff,
+                change.failures,
+                table.last_seq,
+                change.reason,
+            )
+        else:
+            log.info("circuit of %s closed: %s", key, change.reason)
+        if faults is not None:
+            faults.circuit(change)
 
     breakers = Breakers(
         failures=s.breaker.failures,
@@ -66,8 +102,22 @@ def build_proxy(ctx: CoordinatorContext, *, mgmt_app: Any = None) -> tuple[Proxy
         on_change=on_change,
     )
     table.is_open = breakers.is_open
-    ups = Upstreams(UpstreamPool(asyncio.get_running_loop()), first_token_timeout=s.first_token_timeout)
-    flows = Flows(table, ups, breakers, make_policies(s), retries=s.retries, metrics=metrics)
+    table.breaker_idle = breakers.idle
+
+    def on_incarnation(key: str, inc: Incarnation) -> None:
+        # The circuit was the old process's: the new one starts clean, routable at once.
+        if breakers.state(key) != BreakerState.CLOSED:
+            ep = table.endpoint(key)
+            metrics.breaker_resets.labels(endpoint=key, role=ep.role.value if ep is not None else "").inc()
+        breakers.reset(key, f"new incarnation ({inc.describe()})")
+
+    table.on_incarnation = on_incarnation
+    ups = Upstreams(
+        UpstreamPool(asyncio.get_running_loop()),
+        first_token_timeout=s.first_token_timeout,
+        inter_token_timeout=s.inter_token_timeout,
+    )
+    flows = Flows(table, ups, breakers, make_policies(s), retries=s.retries, metrics=metrics, faults=faults)
     app = ProxyApp(
         flows,
         api_keys=s.api_keys,
@@ -77,7 +127,7 @@ def build_proxy(ctx: CoordinatorContext, *, mgmt_app: Any = None) -> tuple[Proxy
         on_done=_detector(ctx),
         request_timeout=s.request_timeout,
     )
-    return app, ups
+    return Proxy(app, ups, faults, outbox)
 
 
 def _limiter(s: CoordinatorConfig) -> Any:
@@ -121,7 +171,7 @@ class CoordinatorService:
         self._tasks: list[asyncio.Task[None]] = []
         self._followers: list[Any] = []
         self._lifespan: Lifespan | None = None
-        self._ups: Upstreams | None = None
+        self._proxy: Proxy | None = None
 
     @property
     def port(self) -> int:
@@ -159,8 +209,8 @@ class CoordinatorService:
             mgmt = create_mgmt_app(ctx)
             self._lifespan = Lifespan(mgmt)
             await self._lifespan.start()
-        app, self._ups = build_proxy(ctx, mgmt_app=mgmt)
-        self.server = ProxyServer(app, max_body=self.settings.max_body_bytes)
+        self._proxy = build_proxy(ctx, mgmt_app=mgmt, name=self.name)
+        self.server = ProxyServer(self._proxy.app, max_body=self.settings.max_body_bytes)
         await self.server.start(self.host, self.want_port)
         log.info("coordinator listening on http://%s:%d", self.host, self.port)
         if mgmt is not None and self.settings.mgmt_port is not None:  # seed 001: the manage port
@@ -193,8 +243,8 @@ class CoordinatorService:
             await self.server.stop()
         if self.mgmt_server is not None:
             await self.mgmt_server.stop()
-        if self._ups is not None:
-            await self._ups.close()
+        if self._proxy is not None:
+            await self._proxy.close()
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:

@@ -10,6 +10,10 @@ controller's fold owns liveness.
 
 `Endpoint` objects are kept across rebuilds (matched by key) so the proxy's `inflight`
 counts survive unrelated events.
+
+The table also knows each endpoint's incarnation (the engine process behind its READY): when
+READY arrives for another process, `on_incarnation` tells the breaker, whose circuit belonged
+to the old one.
 """
 
 from __future__ import annotations
@@ -19,12 +23,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from coordinator.endpoint import Endpoint, Plan
+from coordinator.endpoint import Endpoint, Plan, Route
 from coordinator.external import external_endpoints
 from core.events import (
     AnyEvent,
     EndpointLoad,
     EndpointStatus,
+    EndpointStatusChanged,
     EventBase,
     Heartbeat,
     InstanceState,
@@ -33,7 +38,7 @@ from core.events import (
 from core.reducer import apply as reduce_apply
 from core.state import ClusterState
 
-__all__ = ["Endpoint", "Plan", "RoutingTable"]
+__all__ = ["Endpoint", "Incarnation", "Plan", "Route", "RoutingTable"]
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +61,18 @@ class _Derived:
     ep: Endpoint
     routable: bool
     why: str  # why not routable, for GET /v1/instances
+
+
+@dataclass(frozen=True, slots=True)
+class Incarnation:
+    """One engine process behind an endpoint: its pid (when the agent says) and its READY's sequence."""
+
+    pid: int | None
+    ready_seq: int
+
+    def describe(self) -> str:
+        """How an operator recognises it: the pid, else the READY event's sequence."""
+        return f"pid {self.pid}" if self.pid is not None else f"READY at seq {self.ready_seq}"
 
 
 def _never_open(key: str) -> bool:
@@ -81,6 +98,9 @@ class RoutingTable:
         self._plan_cache: dict[str | None, Plan] = {}
         self._signature: tuple[Any, ...] = ()
         self.last_seq = 0  # MOTOR stream sequence of the last event applied
+        self._incarnations: dict[str, Incarnation] = {}
+        # Called with (key, incarnation) when an endpoint reports READY as another process.
+        self.on_incarnation: Callable[[str, Incarnation], None] | None = None
 
     # ------------------------------------------------------------------ fold
 
@@ -96,6 +116,8 @@ class RoutingTable:
             # folding them through the reducer would cost ~10x more for nothing we read.
             self._apply_load(event)
             return
+        if type(event) is EndpointStatusChanged and event.data.status == EndpointStatus.READY:
+            self._ready(event, seq)
         self._state = reduce_apply(self._state, event, seq)
         if seq > self.last_seq:
             self.last_seq = seq
@@ -105,6 +127,27 @@ class RoutingTable:
         """Fold `(seq, event)` pairs."""
         for seq, ev in events:
             self.apply(ev, seq)
+
+    def _ready(self, ev: EndpointStatusChanged, seq: int) -> None:
+        """Note which process a READY is about; a new one resets the endpoint's circuit."""
+        d = ev.data
+        key = f"{d.node_id}/{d.endpoint_id}"
+        known = self._incarnations.get(key)
+        if known is not None:
+            if d.pid is not None and known.pid is not None:
+                if d.pid == known.pid:
+                    return  # the same process said READY again (an agent restart, a re-assertion)
+            elif d.previous == EndpointStatus.READY:
+                return  # no pid to compare: only a READY after something else is a new process
+        inc = Incarnation(d.pid, seq)
+        self._incarnations[key] = inc
+        if known is not None and self.on_incarnation is not None:
+            log.info("endpoint %s is a new process (%s, seq %d)", key, inc.describe(), seq)
+            self.on_incarnation(key, inc)
+
+    def incarnation(self, key: str) -> Incarnation | None:
+        """The engine process behind the endpoint's last READY, if it ever was READY."""
+        return self._incarnations.get(key)
 
     def _apply_load(self, hb: Heartbeat) -> None:
         node_id = hb.data.node_id
@@ -217,13 +260,19 @@ class RoutingTable:
         prefill = [e for e in eps if e.role == Role.PREFILL]
         decode = [e for e in eps if e.role == Role.DECODE]
         union = [e for e in eps if e.role == Role.UNION]
-        if prefill and decode:
-            shared = _shared_protocols(prefill, decode)
-            if shared:
-                engine_type, capability = shared[0]
-                return Plan(kind="pd", capability=capability, engine_type=engine_type)
+        shared = tuple(_shared_protocols(prefill, decode)) if prefill and decode else ()
+        if shared:
+            engine_type, capability = shared[0]
+            return Plan(
+                kind="pd",
+                capability=capability,
+                engine_type=engine_type,
+                pd=shared,
+                union=bool(union),
+                prefill=True,
+            )
         if union:
-            return Plan(kind="single", role=Role.UNION)
+            return Plan(kind="single", role=Role.UNION, union=True, prefill=bool(prefill))
         if prefill and decode:
             return Plan(
                 kind="none",
@@ -231,7 +280,7 @@ class RoutingTable:
                 f"prefill speaks {_protocols(prefill)}, decode speaks {_protocols(decode)}",
             )
         if prefill:
-            return Plan(kind="single", role=Role.PREFILL)
+            return Plan(kind="single", role=Role.PREFILL, prefill=True)
         what = f"model {model!r}" if model is not None else "any model"
         if decode:
             return Plan(kind="none", reason=f"only decode instances are routable for {what}")

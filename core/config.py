@@ -208,7 +208,8 @@ class CoordinatorConfig(_Strict):
     api_keys: list[str] = Field(default_factory=list)
     max_body_bytes: int = Field(8 * 1024 * 1024, gt=0)
     retries: int = Field(2, ge=0)
-    first_token_timeout: float = Field(60.0, gt=0)
+    first_token_timeout: float = Field(60.0, gt=0)  # no first byte within this -> retried elsewhere
+    inter_token_timeout: float = Field(30.0, gt=0)  # a stream silent this long -> continued elsewhere
     request_timeout: float = Field(600.0, gt=0)
     policy: PolicyConfig = PolicyConfig()
     rate_limit: RateLimitConfig = RateLimitConfig()

@@ -169,6 +169,9 @@ class EndpointStatusChangedData(_Frozen):
     previous: EndpointStatus | None = None
     reason: str = ""
     exit_code: int | None = None
+    # The engine process this status is about: a READY with another pid is a new incarnation
+    # (routing forgets the old one's circuit). None from older agents and other tools.
+    pid: int | None = None
 
 
 class FaultReportedData(_Frozen):
@@ -243,6 +246,42 @@ class InstancesRefreshedData(_Frozen):
     event: Literal["add", "del", "set"] = "set"
     ids: tuple[int, ...]
     instances: tuple[dict[str, Any], ...]
+
+
+class CircuitChangedData(_Frozen):
+    """A coordinator opened or closed an endpoint's circuit (it stops or resumes routing to it)."""
+
+    coordinator: str  # the replica that decided (each replica keeps its own circuits)
+    endpoint: str  # routing key: "<node_id>/<endpoint_id>" or "ext/<id>[/<endpoint_id>]"
+    node_id: str | None = None  # None for engines registered through the refresh API
+    endpoint_id: int | None = None
+    instance_id: int | None = None
+    role: Role | None = None
+    state: Literal["open", "closed"]
+    reason: str = ""  # the last failure, "probe succeeded", "new incarnation (pid 812)"
+    failures: int = 0  # failures in a row that opened it
+    backoff_s: float = 0.0  # how long it stays open before a probe (open only)
+    pid: int | None = None  # the incarnation the circuit belongs to (None: not known)
+    ready_seq: int | None = None  # MOTOR sequence of that incarnation's READY
+
+
+class StreamsDisruptedData(_Frozen):
+    """What requests on one endpoint went through in one window (one event per endpoint and second)."""
+
+    coordinator: str
+    endpoint: str
+    node_id: str | None = None
+    endpoint_id: int | None = None
+    instance_id: int | None = None
+    role: Role | None = None
+    since: float  # the window, seconds since the Unix epoch
+    until: float
+    broken: int = 0  # streams whose engine died or stalled after the first byte
+    continued: int = 0  # of those, continued on another path
+    failed: int = 0  # of those, cut or ended with an error (no path left, or not continuable)
+    retried: int = 0  # requests that failed here before their first byte and were retried elsewhere
+    reasons: dict[str, int] = Field(default_factory=dict)  # transport | timeout | stall | http_5xx
+    continued_on: dict[str, int] = Field(default_factory=dict)  # endpoint key -> streams
 
 
 class StartCommandData(_Frozen):
@@ -363,6 +402,16 @@ class InstancesRefreshed(EventBase):
     data: InstancesRefreshedData
 
 
+class CircuitChanged(EventBase):
+    type: Literal["coordinator.circuit_changed"] = "coordinator.circuit_changed"
+    data: CircuitChangedData
+
+
+class StreamsDisrupted(EventBase):
+    type: Literal["coordinator.streams_disrupted"] = "coordinator.streams_disrupted"
+    data: StreamsDisruptedData
+
+
 class StartCommand(EventBase):
     type: Literal["command.start"] = "command.start"
     data: StartCommandData
@@ -389,6 +438,8 @@ AnyEvent = Annotated[
     | InstanceStateChanged
     | LeaderChanged
     | InstancesRefreshed
+    | CircuitChanged
+    | StreamsDisrupted
     | StartCommand
     | StopCommand,
     Field(discriminator="type"),
@@ -412,6 +463,8 @@ EVENT_CLASSES: dict[str, type[EventBase]] = {
         InstanceStateChanged,
         LeaderChanged,
         InstancesRefreshed,
+        CircuitChanged,
+        StreamsDisrupted,
         StartCommand,
         StopCommand,
     )

@@ -275,6 +275,11 @@ def _refreshed(s: ClusterState, ev: InstancesRefreshed, seq: int) -> Changes:
     return dict(external=external)
 
 
+def _routing_fact(s: ClusterState, ev: EventBase, seq: int) -> Changes:
+    """A coordinator's circuit or stream outcome: history for `motor replay`, not lifecycle state."""
+    return None
+
+
 HANDLERS: dict[str, Handler] = {
     "node.registered": _node_registered,
     "node.deregistered": _node_deregistered,
@@ -293,6 +298,8 @@ HANDLERS: dict[str, Handler] = {
     "instance.state_changed": _state_changed,
     "controller.leader_changed": _leader,
     "instances.refreshed": _refreshed,
+    "coordinator.circuit_changed": _routing_fact,
+    "coordinator.streams_disrupted": _routing_fact,
 }
 
 

@@ -39,7 +39,12 @@ _KIND_BY_TYPE = {
     "instance.state_changed": "instance",
     "controller.leader_changed": "controller",
     "instances.refreshed": "refresh",
+    "coordinator.circuit_changed": "circuit",
+    "coordinator.streams_disrupted": "streams",
 }
+# The coordinator's fault decisions are about an endpoint: its node names the subject, or, for an
+# engine registered through the refresh API (no node), `ext-<instance id>`.
+_ENDPOINT_KINDS = frozenset({"circuit", "streams"})
 
 
 def check_token(value: str, what: str = "token") -> str:
@@ -75,6 +80,23 @@ def precision(d_instance_id: int) -> str:
 
 def snapshot(node_id: str) -> str:
     return event("snapshot", node_id)
+
+
+def endpoint_entity(node_id: str | None, instance_id: int | None) -> str:
+    """The subject entity of a coordinator event about an endpoint: its node, else `ext-<id>`."""
+    if node_id is not None:
+        return node_id
+    return f"ext-{instance_id if instance_id is not None else 'unknown'}"
+
+
+def circuit(node_id: str | None, instance_id: int | None = None) -> str:
+    """Where a coordinator says it opened or closed an endpoint's circuit."""
+    return event("circuit", endpoint_entity(node_id, instance_id))
+
+
+def streams(node_id: str | None, instance_id: int | None = None) -> str:
+    """Where a coordinator says what streams on an endpoint went through."""
+    return event("streams", endpoint_entity(node_id, instance_id))
 
 
 LEADER = f"{EVT}.controller.leader"
@@ -137,4 +159,6 @@ def for_event(ev: Any) -> str:
         return instance(data.instance_id)
     if kind == "precision":
         return precision(data.d_instance_id)
+    if kind in _ENDPOINT_KINDS:
+        return event(kind, endpoint_entity(data.node_id, data.instance_id))
     return event(kind, data.node_id)

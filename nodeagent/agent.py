@@ -334,6 +334,7 @@ class NodeAgent:
             previous=c.previous,
             reason=c.reason,
             exit_code=c.exit_code,
+            pid=c.pid,
         )
         if self._outbox is not None:
             self.outbox.post(self._event(EndpointStatusChanged, data))

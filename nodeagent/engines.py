@@ -38,6 +38,7 @@ class StatusChange:
     previous: EndpointStatus | None
     reason: str
     exit_code: int | None = None
+    pid: int | None = None  # the engine process: READY with another pid is a new incarnation
 
 
 OnChange = Callable[[StatusChange], None]
@@ -126,7 +127,9 @@ class Engines:
             return
         ep.status, ep.reason, ep.exit_code = status, reason, exit_code
         log.info("endpoint %d: %s -> %s (%s)", ep.spec.id, previous and previous.value, status.value, reason)
-        self.on_change(StatusChange(ep.spec.id, self.instance_id, status, previous, reason, exit_code))
+        self.on_change(
+            StatusChange(ep.spec.id, self.instance_id, status, previous, reason, exit_code, ep.proc.pid)
+        )
 
     def reassert(self, reason: str) -> list[int]:
         """Report each reported endpoint's current status again; the ids reported.
@@ -138,7 +141,9 @@ class Engines:
         for ep in self.endpoints.values():
             if ep.live and ep.status is not None and not ep.stopping:
                 self.on_change(
-                    StatusChange(ep.spec.id, self.instance_id, ep.status, ep.status, reason, ep.exit_code)
+                    StatusChange(
+                        ep.spec.id, self.instance_id, ep.status, ep.status, reason, ep.exit_code, ep.proc.pid
+                    )
                 )
                 out.append(ep.spec.id)
         return out

@@ -84,7 +84,41 @@ def summarize(ev: Any) -> str:
         return f"leader {d.previous or '-'} → {d.leader_id} (term {d.term})"
     if t == "instances.refreshed":
         return f"instances refreshed ({d.event}): {list(d.ids)}"
+    if t == "coordinator.circuit_changed":
+        return _circuit(d)
+    if t == "coordinator.streams_disrupted":
+        return _streams(d)
     return t
+
+
+def _circuit(d: Any) -> str:
+    inc = f"pid {d.pid}" if d.pid is not None else (f"READY seq {d.ready_seq}" if d.ready_seq else "")
+    inc = f", incarnation {inc}" if inc else ""
+    if d.state == "open":
+        return (
+            f"circuit of {d.endpoint} opened by {d.coordinator} for {d.backoff_s:g} s after "
+            f"{d.failures} failures{inc}: {d.reason}"
+        )
+    return f"circuit of {d.endpoint} closed by {d.coordinator}{inc}: {d.reason}"
+
+
+def _counts(counts: dict[str, int]) -> str:
+    return ", ".join(f"{k} ×{n}" for k, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def _streams(d: Any) -> str:
+    parts = []
+    if d.broken:
+        why = f" ({_counts(d.reasons)})" if d.reasons and not d.retried else ""
+        on = f" on {_counts(d.continued_on)}" if d.continued_on else ""
+        parts.append(f"{d.broken} streams broke{why}: {d.continued} continued{on}, {d.failed} failed")
+    elif d.continued or d.failed:
+        on = f" on {_counts(d.continued_on)}" if d.continued_on else ""
+        parts.append(f"{d.continued} broken streams continued{on}, {d.failed} failed")
+    if d.retried:
+        why = f" ({_counts(d.reasons)})" if d.reasons else ""
+        parts.append(f"{d.retried} requests retried elsewhere before their first byte{why}")
+    return f"{d.endpoint} via {d.coordinator} over {d.until - d.since:.1f} s: " + "; ".join(parts)
 
 
 def concerns(ev: Any, kind: str, entity: str) -> bool:

@@ -28,8 +28,16 @@ COLORS = {
     "ABNORMAL": "#fd8d3c",
     "DEAD": "#de2d26",
     "STOPPED": "#bdbdbd",
+    "CIRCUIT_OPEN": "#a50f15",
+    "CIRCUIT_CLOSED": "#c7e9c0",
 }
-MARK_COLORS = {"fault": "#de2d26", "alarm": "#756bb1", "command": "#3182bd", "leader": "#000000"}
+MARK_COLORS = {
+    "fault": "#de2d26",
+    "alarm": "#756bb1",
+    "command": "#3182bd",
+    "leader": "#000000",
+    "streams": "#e6550d",
+}
 
 LABEL_W = 200
 PLOT_W = 1000
@@ -41,7 +49,7 @@ TOP = 40
 class Lane:
     key: str
     label: str
-    kind: str  # instance | endpoint | fault | alarm | command | leader
+    kind: str  # instance | endpoint | circuit | streams | fault | alarm | command | leader
     changes: list[tuple[float, str, str]] = field(default_factory=list)  # (ts, state, detail)
     marks: list[tuple[float, str]] = field(default_factory=list)  # (ts, title)
 
@@ -84,11 +92,37 @@ def build_lanes(records: Sequence[LoggedEvent]) -> tuple[list[Lane], float, floa
             lane("marks-command", "commands", "command").marks.append((ev.ts, title))
         elif t == "controller.leader_changed":
             lane("marks-leader", "leader changes", "leader").marks.append((ev.ts, title))
+        elif t == "coordinator.circuit_changed":
+            # Beside its endpoint's lane: the coordinator's view of the engine under its facts.
+            lane(
+                f"{_endpoint_lane(d)}-circuit", f"circuit {d.endpoint} ({d.coordinator})", "circuit"
+            ).changes.append((ev.ts, f"CIRCUIT_{d.state.upper()}", title))
+        elif t == "coordinator.streams_disrupted":
+            lane(
+                f"{_endpoint_lane(d)}-streams", f"streams {d.endpoint} ({d.coordinator})", "streams"
+            ).marks.append((ev.ts, title))
     if t0 == float("inf"):
         t0 = t1 = 0.0
-    order = {"instance": 0, "endpoint": 1, "fault": 2, "alarm": 3, "command": 4, "leader": 5}
+    # Endpoint, circuit and stream lanes share a rank so an endpoint's lanes sort together.
+    order = {
+        "instance": 0,
+        "endpoint": 1,
+        "circuit": 1,
+        "streams": 1,
+        "fault": 2,
+        "alarm": 3,
+        "command": 4,
+        "leader": 5,
+    }
     ordered = sorted(lanes.values(), key=lambda ln: (order[ln.kind], ln.key))
     return ordered, t0, t1
+
+
+def _endpoint_lane(d: Any) -> str:
+    """The key of the endpoint lane a coordinator event belongs beside."""
+    if d.node_id is not None and d.endpoint_id is not None:
+        return f"endpoint-{d.node_id}-{d.endpoint_id}"
+    return "endpoint-" + d.endpoint.replace("/", "-")
 
 
 def render_html(records: Sequence[LoggedEvent], title: str = "Motor incident timeline") -> str:

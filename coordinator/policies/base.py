@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import orjson
@@ -14,13 +13,34 @@ from coordinator.table import Endpoint
 PREFIX_LIMIT = 8192
 
 
-@dataclass(slots=True)
 class RequestInfo:
-    """What a policy may know about a request."""
+    """What a policy may know about a request.
 
-    model: str | None
-    prefix: bytes  # the start of the prompt, in a stable serialisation (see `prompt_prefix`)
-    request_id: str
+    `prefix` is the start of the prompt in a stable serialisation (see `prompt_prefix`);
+    given a `body` instead, it is computed on first use, so only a policy that reads it pays.
+    """
+
+    __slots__ = ("_prefix", "body", "model", "request_id")
+
+    def __init__(
+        self,
+        model: str | None,
+        prefix: bytes | None,
+        request_id: str,
+        body: dict[str, Any] | None = None,
+    ) -> None:
+        self.model = model
+        self._prefix = prefix
+        self.request_id = request_id
+        self.body = body
+
+    @property
+    def prefix(self) -> bytes:
+        """The prompt's first bytes (computed from `body` once, when a policy asks)."""
+        p = self._prefix
+        if p is None:
+            p = self._prefix = prompt_prefix(self.body) if self.body is not None else b""
+        return p
 
 
 class Policy(Protocol):

@@ -20,13 +20,23 @@ from coordinator.table import Endpoint
 
 
 class Retry(Exception):
-    """An attempt failed before anything was committed to the client."""
+    """An attempt failed before anything was committed to the client (on `ep`, when known)."""
 
-    def __init__(self, reason: str, status: int = 502, body: bytes | None = None) -> None:
+    def __init__(
+        self, reason: str, status: int = 502, body: bytes | None = None, ep: Endpoint | None = None
+    ) -> None:
         super().__init__(reason)
         self.reason = reason
         self.status = status
         self.body = body
+        self.ep = ep
+
+    @property
+    def kind(self) -> str:
+        """http_5xx | timeout | transport, for metrics and the fault log."""
+        if self.body is not None:
+            return "http_5xx"
+        return "timeout" if self.status == 504 else "transport"
 
 
 class Sink(ABC):
@@ -99,6 +109,7 @@ class Call:
 
     __slots__ = (
         "anthropic",
+        "attempts",
         "body",
         "committed",
         "conn",
@@ -111,6 +122,7 @@ class Call:
         "raw",
         "req",
         "resp_body",
+        "resuming",
         "root",
         "root_b",
         "route",
@@ -155,6 +167,8 @@ class Call:
         self.served_by: Endpoint | None = None  # the endpoint whose response the client got
         self.prefill_by: Endpoint | None = None  # its prefill peer in P/D
         self.resp_body: list[bytes] | None = None  # that response's decoded body (detector)
+        self.attempts = 0  # engine attempts so far, continuations included (request ids stay unique)
+        self.resuming: str | None = None  # the endpoint a stream broke on, until it goes on elsewhere
 
     def request_id(self, attempt: int) -> str:
         """The engine request id of one attempt: `{root}#a{attempt}`."""

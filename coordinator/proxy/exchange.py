@@ -28,9 +28,12 @@ def request_head(ep: Endpoint, path: bytes, length: int, request_id: str) -> byt
 class Upstreams:
     """Opens exchanges with engines over the shared keep-alive pool."""
 
-    def __init__(self, pool: UpstreamPool, *, first_token_timeout: float) -> None:
+    def __init__(
+        self, pool: UpstreamPool, *, first_token_timeout: float, inter_token_timeout: float | None = None
+    ) -> None:
         self.pool = pool
         self.first_token_timeout = first_token_timeout
+        pool.inter_token_timeout = inter_token_timeout
         self._background: set[asyncio.Task[Any]] = set()
 
     async def open(self, ep: Endpoint, path: bytes, body: bytes, request_id: str) -> UpstreamConn:

@@ -1,12 +1,12 @@
-"""How a request reaches engines: single hop, vLLM handoff, SGLang bootstrap; retries before
-the first byte, circuit breakers, and continuing a stream whose engine died midway.
+"""How a request reaches engines: each attempt on the path the router chooses (a single hop, a
+vLLM handoff or an SGLang bootstrap pair), retried elsewhere before the first byte, and a
+stream whose engine died or stalled midway continued on any healthy path of its model.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from typing import Any
 
 import orjson
@@ -14,20 +14,22 @@ import orjson
 from coordinator.adapters import sglang, vllm
 from coordinator.breaker import Breakers
 from coordinator.errors import error_body
-from coordinator.policies import Policy, RequestInfo, prompt_prefix
+from coordinator.faultlog import FaultLog
+from coordinator.policies import Policy, RequestInfo
 from coordinator.proxy import http1
 from coordinator.proxy.call import AnthropicSink, Call, Retry, SpliceSink
 from coordinator.proxy.exchange import Upstreams
+from coordinator.proxy.hop import Broken, Hop, send
 from coordinator.proxy.resume import StreamSplicer, continuation_body, progress_of
-from coordinator.proxy.upstream import UpstreamConn, UpstreamError
-from coordinator.table import Endpoint, Plan, RoutingTable
+from coordinator.routes import Router
+from coordinator.table import Plan, Route, RoutingTable
 from core.events import Role
 
 log = logging.getLogger(__name__)
 
 
 class Flows:
-    """Routes calls along a plan; every failure before the first byte is retried elsewhere."""
+    """Routes calls along paths; every failure before the first byte is retried elsewhere."""
 
     def __init__(
         self,
@@ -38,313 +40,145 @@ class Flows:
         *,
         retries: int,
         metrics: Any = None,
+        faults: FaultLog | None = None,
     ) -> None:
         self.table = table
         self.ups = ups
         self.breakers = breakers
-        self.policies = policies
+        self.router = Router(table, policies)
+        self.hop = Hop(ups, breakers, metrics=metrics, faults=faults)
         self.retries = retries
         self.metrics = metrics
+        self.faults = faults
         self._background: set[asyncio.Task[Any]] = set()
 
-    # ------------------------------------------------------------------ plans
+    # ------------------------------------------------------------------ paths
 
-    async def run(self, call: Call, plan: Plan) -> None:
-        """Serve `call` along `plan` (kind single or pd)."""
-        if plan.kind == "single":
-            assert plan.role is not None
-            await self.single(call, plan.role)
-        elif plan.capability == vllm.CAPABILITY:
-            await self.handoff(call, plan)
-        elif plan.capability == sglang.CAPABILITY:
-            await self.bootstrap(call, plan)
-        else:
-            self.fail(call, None, f"P/D protocol {plan.capability!r} has no adapter", status=503)
-
-    def _info(self, call: Call, policy: Policy) -> RequestInfo:
-        prefix = prompt_prefix(call.body) if policy.name == "prefix_affinity" else b""
-        return RequestInfo(call.model, prefix, call.root)
-
-    async def single(self, call: Call, role: Role) -> None:
-        """One hop to a union (or prefill-only) endpoint."""
-        policy = self.policies[role]
-        info = self._info(call, policy)
-        last: Retry | None = None
-        for attempt in range(1, self.retries + 2):
-            ep = policy.select(self.table.candidates(role, call.model), info, call.exclude)
-            if ep is None:
-                break
+    async def run(self, call: Call, plan: Plan | None = None) -> None:
+        """Serve `call` on the model's paths; a stream that breaks midway goes on elsewhere."""
+        while True:
             try:
-                await self.serve_on(call, ep, call.raw, call.request_id(attempt))
+                await self._attempts(call, plan)
+                return
+            except Broken as b:
+                if not self._resume(call, b):
+                    return
+                plan = None
+
+    async def _attempts(self, call: Call, plan: Plan | None) -> None:
+        info = RequestInfo(call.model, None, call.root, call.body)
+        last: Retry | None = None
+        for _ in range(self.retries + 1):
+            route = self.router.choose(call.model, info, call.exclude, plan)
+            if route is None:
+                break
+            call.attempts += 1
+            rid = call.request_id(call.attempts)
+            try:
+                if route.prefill is None:
+                    ep = route.ep
+                    ep.inflight += 1
+                    try:
+                        await self.hop.serve_on(call, ep, call.raw, rid)
+                    finally:
+                        ep.inflight -= 1
+                elif route.capability == vllm.CAPABILITY:
+                    await self.handoff(call, route, rid)
+                elif route.capability == sglang.CAPABILITY:
+                    await self.bootstrap(call, route, rid)
+                else:
+                    self.fail(call, None, f"P/D protocol {route.capability!r} has no adapter")
                 return
             except Retry as r:
-                call.exclude.add(ep.key)
+                if r.ep is not None:
+                    call.exclude.add(r.ep.key)
                 last = r
                 self._retried(r)
-        self.fail(call, last, f"{role.value} endpoint")
+        self.fail(call, last)
 
-    async def handoff(self, call: Call, plan: Plan) -> None:
+    async def handoff(self, call: Call, route: Route, rid: str) -> None:
         """vLLM handoff: prefill for one token, then decode with the prefill's KV params."""
-        pp, dp = self.policies[Role.PREFILL], self.policies[Role.DECODE]
-        pinfo, dinfo = self._info(call, pp), self._info(call, dp)
-        last: Retry | None = None
-        for attempt in range(1, self.retries + 2):
-            p = pp.select(self._cands(Role.PREFILL, call, plan), pinfo, call.exclude)
-            d = dp.select(self._cands(Role.DECODE, call, plan), dinfo, call.exclude)
-            if p is None or d is None:
-                break
-            rid = call.request_id(attempt)
-            try:
-                status, data = await self._prefill(
-                    p, call.path, orjson.dumps(vllm.prefill_body(call.body, rid)), rid
-                )
-            except Retry as r:
-                call.exclude.add(p.key)
-                last = r
-                self._retried(r)
-                continue
+        p, d = route.prefill, route.ep
+        assert p is not None
+        d.inflight += 1  # a P/D request weighs on its decode from the moment it is routed
+        try:
+            status, data = await self.hop.prefill(
+                p, call.path, orjson.dumps(vllm.prefill_body(call.body, rid)), rid
+            )
             if status >= 400:  # the request itself is bad: the client gets the engine's answer
-                self._send(call, status, data)
+                send(call, status, data)
                 return
             try:
                 kv = vllm.kv_params_of(orjson.loads(data))
             except orjson.JSONDecodeError:
                 kv = None
-            dbody = orjson.dumps(vllm.decode_body(call.body, kv, rid))
             call.prefill_by = p
-            try:
-                await self.serve_on(call, d, dbody, rid)
-                return
-            except Retry as r:
-                call.exclude.add(d.key)
-                last = r
-                self._retried(r)
-        self.fail(call, last, "prefill/decode pair")
+            await self.hop.serve_on(call, d, orjson.dumps(vllm.decode_body(call.body, kv, rid)), rid)
+        finally:
+            d.inflight -= 1
 
-    async def bootstrap(self, call: Call, plan: Plan) -> None:
+    async def bootstrap(self, call: Call, route: Route, rid: str) -> None:
         """SGLang bootstrap: prefill and decode at once; the client gets the decode stream."""
-        pp, dp = self.policies[Role.PREFILL], self.policies[Role.DECODE]
-        pinfo, dinfo = self._info(call, pp), self._info(call, dp)
-        last: Retry | None = None
+        p, d = route.prefill, route.ep
+        assert p is not None
+        try:
+            pbody, dbody = sglang.pd_bodies(
+                call.body,
+                prefill_host=p.host,
+                bootstrap_port=p.bootstrap_port,
+                pair_id=call.root,
+                attempt=call.attempts,
+                request_id=rid,
+            )
+        except sglang.BootstrapError as exc:
+            raise Retry(str(exc), 503, ep=p) from None
+        call.prefill_by = p
         loop = asyncio.get_running_loop()
-        for attempt in range(1, self.retries + 2):
-            p = pp.select(self._cands(Role.PREFILL, call, plan), pinfo, call.exclude)
-            d = dp.select(self._cands(Role.DECODE, call, plan), dinfo, call.exclude)
-            if p is None or d is None:
-                break
-            rid = call.request_id(attempt)
-            try:
-                pbody, dbody = sglang.pd_bodies(
-                    call.body,
-                    prefill_host=p.host,
-                    bootstrap_port=p.bootstrap_port,
-                    pair_id=call.root,
-                    attempt=attempt,
-                    request_id=rid,
-                )
-            except sglang.BootstrapError as exc:
-                call.exclude.add(p.key)
-                last = Retry(str(exc), 503)
-                continue
-            call.prefill_by = p
-            ptask = loop.create_task(self._prefill(p, call.path, orjson.dumps(pbody), rid))
-            dtask = loop.create_task(self.serve_on(call, d, orjson.dumps(dbody), rid))
-            try:
-                done, _ = await asyncio.wait({ptask, dtask}, return_when=asyncio.FIRST_COMPLETED)
-                if ptask in done and not call.committed and _prefill_failed(ptask):
-                    # Decode would wait for KV that never comes: stop it and try another pair.
-                    dtask.cancel()
-                    self.ups.abort(d, rid)
-                    await asyncio.gather(dtask, return_exceptions=True)
-                    call.exclude.add(p.key)
-                    last = _as_retry(ptask)
-                    self._retried(last)
-                    continue
-                try:
-                    await dtask
-                except Retry as r:
-                    if not ptask.done():
-                        ptask.cancel()
-                        self.ups.abort(p, rid)
-                    self._keep(ptask)
-                    call.exclude.add(d.key)
-                    last = r
-                    self._retried(r)
-                    continue
-                self._keep(ptask)
-                return
-            except asyncio.CancelledError:
-                # The client went away: stop both engines.
-                for t in (ptask, dtask):
-                    t.cancel()
-                    self._keep(t)
-                self.ups.abort(p, rid)
+        d.inflight += 1
+        ptask = loop.create_task(self.hop.prefill(p, call.path, orjson.dumps(pbody), rid))
+        dtask = loop.create_task(self.hop.serve_on(call, d, orjson.dumps(dbody), rid))
+        try:
+            done, _ = await asyncio.wait({ptask, dtask}, return_when=asyncio.FIRST_COMPLETED)
+            if ptask in done and not call.committed and _prefill_failed(ptask):
+                # Decode would wait for KV that never comes: stop it and try another path.
+                dtask.cancel()
                 self.ups.abort(d, rid)
+                await asyncio.gather(dtask, return_exceptions=True)
+                raise _as_retry(ptask, p)
+            try:
+                await dtask
+            except (Retry, Broken):
+                if not ptask.done():
+                    ptask.cancel()
+                    self.ups.abort(p, rid)
                 raise
-        self.fail(call, last, "prefill/decode pair")
-
-    def _cands(self, role: Role, call: Call, plan: Plan) -> list[Endpoint]:
-        return self.table.candidates(
-            role, call.model, engine_type=plan.engine_type, capability=plan.capability
-        )
-
-    async def _prefill(self, p: Endpoint, path: bytes, body: bytes, rid: str) -> tuple[int, bytes]:
-        """A prefill leg, whole; Retry on a transport error or a 5xx."""
-        self.breakers.on_attempt(p.key)
-        p.inflight += 1
-        try:
-            status, data = await self.ups.fetch(p, path, body, rid)
-        except UpstreamError as exc:
-            self._upstream_failed(p, exc)
-            raise Retry(f"prefill {p.key}: {exc}", 504 if exc.timeout else 502) from None
+            finally:
+                self._keep(ptask)
         except asyncio.CancelledError:
-            self.breakers.release_probe(p.key)
+            # The client went away: stop both engines.
+            for t in (ptask, dtask):
+                t.cancel()
+                self._keep(t)
+            self.ups.abort(p, rid)
+            self.ups.abort(d, rid)
             raise
         finally:
-            p.inflight -= 1
-        if status >= 500:
-            self._upstream_failed(p, None)
-            raise Retry(f"prefill {p.key} answered HTTP {status}", status, data)
-        self.breakers.success(p.key)
-        return status, data
-
-    # ------------------------------------------------------------------ one endpoint
-
-    async def serve_on(self, call: Call, ep: Endpoint, body: bytes, rid: str) -> None:
-        """Send `body` to `ep` and deliver its response to the client."""
-        br = self.breakers
-        br.on_attempt(ep.key)
-        ep.inflight += 1
-        try:
-            try:
-                up = await self.ups.open(ep, call.path, body, rid)
-            except UpstreamError as exc:
-                self._upstream_failed(ep, exc)
-                raise Retry(f"{ep.key}: {exc}", 504 if exc.timeout else 502) from None
-            except asyncio.CancelledError:
-                br.release_probe(ep.key)
-                raise
-            if up.status >= 500:
-                try:
-                    data = await up.read_all()
-                except UpstreamError as exc:
-                    self._upstream_failed(ep, exc)
-                    raise Retry(f"{ep.key}: {exc}") from None
-                except BaseException:
-                    up.close()
-                    raise
-                up.release()
-                self._upstream_failed(ep, None)
-                raise Retry(f"{ep.key} answered HTTP {up.status}", up.status, data)
-            br.success(ep.key)
-            await self._deliver(call, up, ep)
-        finally:
-            ep.inflight -= 1
-
-    async def _deliver(self, call: Call, up: UpstreamConn, ep: Endpoint) -> None:
-        conn = call.conn
-        if call.ttft is None:
-            call.ttft = time.perf_counter() - call.t0
-        if not call.committed:
-            call.status = up.status
-        if call.sink is None and not call.anthropic:
-            head = self._head(call, up)
-            if head is None:
-                await self._whole(call, up, ep, _as_is)
-                return
-            conn.upstream = up
-            if conn.write_paused:
-                up.pause()
-            try:
-                fut = up.commit(conn.transport, head)
-            except UpstreamError as exc:
-                conn.upstream = None
-                self._upstream_failed(ep, exc)
-                raise Retry(f"{ep.key}: {exc}") from None
-            call.committed = True
-            await self._until_end(call, up, ep, fut)
-            return
-        if call.anthropic and not call.stream:
-            await self._whole(call, up, ep, _to_anthropic(call))
-            return
-        if up.status != 200 and not call.committed:
-            await self._whole(call, up, ep, _as_is)
-            return
-        if call.sink is None:
-            call.sink = AnthropicSink(call.model or "")
-        sink = call.sink
-        head = sink.head(call)
-        if head is not None:
-            conn.write(head)
-        call.committed = True
-        conn.upstream = up
-        if conn.write_paused:
-            up.pause()
-
-        def on_data(data: bytes) -> None:
-            out = sink.feed(data)
-            if out:
-                conn.write(out)
-
-        if await self._until_end(call, up, ep, up.stream_to(on_data)):
-            conn.write(sink.end())
-
-    async def _until_end(
-        self, call: Call, up: UpstreamConn, ep: Endpoint, fut: asyncio.Future[None] | None
-    ) -> bool:
-        """Wait for the end of a response already committed to the client (`fut` None: it
-        ended). True when it ended on `ep`; False when the engine died and the stream was
-        continued elsewhere or cut. The engine connection is released or closed either way."""
-        conn = call.conn
-        try:
-            if fut is not None:
-                await fut
-        except UpstreamError as exc:
-            conn.upstream = None
-            await self._broken(call, up, ep, exc)
-            return False
-        except BaseException:
-            conn.upstream = None
-            up.close()
-            raise
-        conn.upstream = None
-        call.served_by, call.resp_body = ep, up.body
-        up.release()
-        return True
-
-    async def _whole(self, call: Call, up: UpstreamConn, ep: Endpoint, shape: Any) -> None:
-        try:
-            data = await up.read_all()
-        except UpstreamError as exc:
-            self._upstream_failed(ep, exc)
-            raise Retry(f"{ep.key}: {exc}") from None
-        except BaseException:
-            up.close()
-            raise
-        up.release()
-        call.served_by, call.resp_body = ep, up.body
-        self._send(call, up.status, shape(up.status, data))
-
-    def _head(self, call: Call, up: UpstreamConn) -> bytes | None:
-        headers = http1.forwardable(up.headers)
-        headers.append((b"x-request-id", call.root_b))
-        length: int | None = None
-        if not up.chunked:
-            for name, value in up.headers:
-                if name == b"content-length":
-                    length = int(value)
-                    break
-            else:
-                return None
-        return http1.build_head(up.status, headers, content_length=length, keep_alive=call.req.keep_alive)
+            d.inflight -= 1
 
     # ------------------------------------------------------------------ a stream broke
 
-    async def _broken(self, call: Call, up: UpstreamConn, ep: Endpoint, exc: UpstreamError) -> None:
-        """The engine died after the head went out: continue the stream elsewhere if we can."""
-        self._upstream_failed(ep, exc)
-        up.close()
+    def _resume(self, call: Call, b: Broken) -> bool:
+        """The engine failed after the head went out: True when the stream goes on elsewhere
+        (the call now carries the continuation), False when it was ended or cut here."""
+        up, ep, exc = b.up, b.ep, b.exc
+        self.hop.upstream_failed(ep, exc)
+        up.close()  # the engine sees the disconnect: that is vLLM's and the builtin's abort
+        if exc.stalled:
+            self.ups.abort(ep, call.request_id(call.attempts))  # SGLang's own abort, best effort
         call.exclude.add(ep.key)
+        faults = self.faults
+        if faults is not None:
+            faults.broken(ep.key, exc.kind)
         p = progress_of(b"".join(up.body))
         prev = call.progress
         if prev is not None:
@@ -355,16 +189,25 @@ class Flows:
         conn = call.conn
         framed = call.sink is not None or (up.chunked and not up.chunk_open)
         if not call.stream or not p.clean or not framed:
+            log.warning("stream %s broke on %s (%s): cut, it cannot be continued", call.root, ep.key, exc)
+            if faults is not None:
+                faults.failed(ep.key)
             conn.close()  # the client sees a cut: nothing else is honest
-            return
+            return False
         cont = None if p.done else continuation_body(call.path, call.origin, p)
         if cont is None:
+            if faults is not None:
+                faults.continued(ep.key, None)
             conn.write(call.sink.end() if call.sink is not None else _raw_end(p.done))
-            return
+            return False
         if self.metrics is not None:
             self.metrics.continuations.inc()
         log.warning(
-            "stream %s broke on %s after %d tokens; continuing elsewhere", call.root, ep.key, p.tokens
+            "stream %s broke on %s after %d tokens (%s); continuing elsewhere",
+            call.root,
+            ep.key,
+            p.tokens,
+            exc,
         )
         if isinstance(call.sink, AnthropicSink):
             call.sink.splicer = StreamSplicer(p)
@@ -372,14 +215,20 @@ class Flows:
             call.sink = SpliceSink(p)
         call.body = cont
         call.raw = orjson.dumps(cont)
-        await self.run(call, self.table.plan(call.model))
+        call.resuming = ep.key
+        return True
 
     # ------------------------------------------------------------------ endings
 
-    def fail(self, call: Call, last: Retry | None, what: str, status: int = 503) -> None:
+    def fail(self, call: Call, last: Retry | None, what: str | None = None, status: int = 503) -> None:
         """Answer a call no attempt could serve."""
+        msg = what or self._no_path(call)
         if call.committed:
-            msg = last.reason if last is not None else f"no routable {what} left"
+            if call.resuming is not None and self.faults is not None:
+                self.faults.failed(call.resuming)
+                call.resuming = None
+            if last is not None:
+                msg = last.reason
             err = b'data: {"error":{"message":%b,"type":"upstream_error","code":null}}\n\n' % orjson.dumps(
                 msg
             )
@@ -389,30 +238,32 @@ class Flows:
                 call.conn.write(http1.chunk(err) + http1.LAST_CHUNK)
             return
         if last is None:
-            model = f" for model {call.model!r}" if call.model else ""
-            self._send(call, status, error_body(status, f"no routable {what}{model}"))
+            send(call, status, error_body(status, msg))
         elif last.body is not None:
-            self._send(call, last.status, last.body)
+            send(call, last.status, last.body)
         else:
-            self._send(
-                call, last.status, error_body(last.status, f"every attempt failed; last: {last.reason}")
-            )
+            send(call, last.status, error_body(last.status, f"every attempt failed; last: {last.reason}"))
 
-    def _send(self, call: Call, status: int, body: bytes) -> None:
-        call.status = status
-        call.committed = True
-        call.conn.send(call.req, status, body, extra=[(b"x-request-id", call.root_b)])
+    def _no_path(self, call: Call) -> str:
+        """Why no path is left for this call: each known endpoint of the model and its state."""
+        model = f" for model {call.model!r}" if call.model else ""
+        why = []
+        for row in self.table.describe():
+            if call.model is not None and row["model"] != call.model:
+                continue
+            key = row["key"]
+            if key in call.exclude:
+                why.append(f"{key} failed for this request")
+            elif not row["routable"]:
+                why.append(f"{key} {row['reason']}")
+        return f"no healthy path left{model}" + (f" ({'; '.join(why)})" if why else "")
 
     def _retried(self, r: Retry) -> None:
         log.info("retrying elsewhere: %s", r.reason)
         if self.metrics is not None:
             self.metrics.retries.labels(reason="timeout" if r.status == 504 else "upstream").inc()
-
-    def _upstream_failed(self, ep: Endpoint, exc: UpstreamError | None) -> None:
-        self.breakers.failure(ep.key)
-        if self.metrics is not None:
-            kind = "http_5xx" if exc is None else ("timeout" if exc.timeout else "transport")
-            self.metrics.upstream_errors.labels(endpoint=ep.key, kind=kind).inc()
+        if self.faults is not None and r.ep is not None:
+            self.faults.retried(r.ep.key, r.kind)
 
     def _keep(self, task: asyncio.Task[Any]) -> None:
         if task.done():
@@ -436,29 +287,10 @@ def _prefill_failed(task: asyncio.Task[Any]) -> bool:
     return task.cancelled() or task.exception() is not None
 
 
-def _as_retry(task: asyncio.Task[Any]) -> Retry:
+def _as_retry(task: asyncio.Task[Any], p: Any) -> Retry:
     exc = None if task.cancelled() else task.exception()
-    return exc if isinstance(exc, Retry) else Retry(f"prefill failed: {exc!r}")
-
-
-def _as_is(status: int, data: bytes) -> bytes:
-    return data
+    return exc if isinstance(exc, Retry) else Retry(f"prefill failed: {exc!r}", ep=p)
 
 
 def _raw_end(done: bool) -> bytes:
     return http1.LAST_CHUNK if done else http1.chunk(b"data: [DONE]\n\n") + http1.LAST_CHUNK
-
-
-def _to_anthropic(call: Call) -> Any:
-    from coordinator.anthropic import chat_to_message
-
-    def shape(status: int, data: bytes) -> bytes:
-        if status != 200:
-            return data
-        try:
-            resp = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            return error_body(502, "engine returned a body that is not JSON")
-        return orjson.dumps(chat_to_message(resp, call.model or ""))
-
-    return shape

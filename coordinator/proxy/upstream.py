@@ -17,12 +17,21 @@ import httptools
 
 
 class UpstreamError(Exception):
-    """An exchange with an engine failed; `sent` tells whether any response byte arrived."""
+    """An exchange with an engine failed; `got_bytes` tells whether any response byte arrived,
+    `timeout` that the engine went silent (before its first byte, or mid-stream: `stalled`)."""
 
-    def __init__(self, message: str, *, got_bytes: bool = False, timeout: bool = False) -> None:
+    def __init__(
+        self, message: str, *, got_bytes: bool = False, timeout: bool = False, stalled: bool = False
+    ) -> None:
         super().__init__(message)
         self.got_bytes = got_bytes
-        self.timeout = timeout
+        self.timeout = timeout or stalled
+        self.stalled = stalled
+
+    @property
+    def kind(self) -> str:
+        """For metrics and the log: stall | timeout | transport."""
+        return "stall" if self.stalled else ("timeout" if self.timeout else "transport")
 
 
 def _nodelay(transport: asyncio.BaseTransport) -> None:
@@ -64,6 +73,8 @@ class UpstreamConn(asyncio.Protocol):
         self.forward: Any = None  # client transport once committed in raw mode
         self.on_data: Callable[[bytes], None] | None = None  # transform mode after commit
         self.watched = False  # in the pool's first-byte deadline table
+        self.stall_watched = False  # in the pool's inter-token table
+        self.paused = False  # reading paused for a slow client: silence is not the engine's
         self.chunk_open = False  # inside a chunk: a cut here leaves the client mid-frame
 
     # ------------------------------------------------------------------ protocol callbacks
@@ -145,6 +156,8 @@ class UpstreamConn(asyncio.Protocol):
         self.keep_alive = self.parser.should_keep_alive()
         self.complete = True
         self._unwatch()
+        if self.stall_watched:
+            self._unwatch_stall()
         w = self.waiter
         if w is not None and not w.done() and (self.forward is not None or self.on_data is not None):
             w.set_result(None)
@@ -178,6 +191,7 @@ class UpstreamConn(asyncio.Protocol):
             return None
         self.forward = client
         self.waiter = self.loop.create_future()
+        self.pool.watch_stall(self)
         return self.waiter
 
     def stream_to(self, on_data: Callable[[bytes], None]) -> asyncio.Future[None] | None:
@@ -197,6 +211,7 @@ class UpstreamConn(asyncio.Protocol):
             self.waiter = None
             return None
         self.on_data = on_data
+        self.pool.watch_stall(self)
         return self.waiter
 
     async def read_all(self) -> bytes:
@@ -211,6 +226,8 @@ class UpstreamConn(asyncio.Protocol):
 
     def release(self) -> None:
         """Return the connection to the pool if reusable, otherwise close it."""
+        if self.stall_watched:
+            self._unwatch_stall()
         self.forward = None
         self.on_data = None
         self.waiter = None
@@ -223,6 +240,8 @@ class UpstreamConn(asyncio.Protocol):
     def close(self) -> None:
         """Close for good (a client abort: the engine sees the disconnect and stops)."""
         self._unwatch()
+        if self.stall_watched:
+            self._unwatch_stall()
         self.forward = None
         self.on_data = None
         if not self.closed:
@@ -232,10 +251,12 @@ class UpstreamConn(asyncio.Protocol):
         self.pool.forget(self)
 
     def pause(self) -> None:
+        self.paused = True
         if self.transport is not None and not self.closed:
             self.transport.pause_reading()
 
     def resume(self) -> None:
+        self.paused = False
         if self.transport is not None and not self.closed:
             self.transport.resume_reading()
 
@@ -246,6 +267,18 @@ class UpstreamConn(asyncio.Protocol):
             self.watched = False
             self.pool.first_byte.pop(self, None)
 
+    def _unwatch_stall(self) -> None:
+        self.stall_watched = False
+        self.pool.streaming.pop(self, None)
+
+    def on_stall(self, silent_for: float) -> None:
+        """The engine sent nothing mid-stream for the inter-token timeout (the pool's sweep)."""
+        self.stall_watched = False
+        if self.waiter is not None and not self.waiter.done() and not self.complete:
+            self._fail(
+                f"engine sent nothing for {silent_for:.1f} s mid-stream (inter-token timeout)", stalled=True
+            )
+
     def on_timeout(self) -> None:
         """The first-byte deadline passed (called by the pool's sweep)."""
         self.watched = False
@@ -253,10 +286,12 @@ class UpstreamConn(asyncio.Protocol):
             self._fail("engine sent no token before the first-token timeout", timeout=True)
             self.close()
 
-    def _fail(self, message: str, *, timeout: bool = False) -> None:
+    def _fail(self, message: str, *, timeout: bool = False, stalled: bool = False) -> None:
         if self.error is None:
-            self.error = UpstreamError(message, got_bytes=self.got_bytes, timeout=timeout)
+            self.error = UpstreamError(message, got_bytes=self.got_bytes, timeout=timeout, stalled=stalled)
         self._unwatch()
+        if self.stall_watched:
+            self._unwatch_stall()
         w = self.waiter
         if w is not None and not w.done():
             w.set_exception(self.error)
@@ -272,6 +307,9 @@ def _ignore(_: bytes) -> None:
 # How often first-byte deadlines are checked: a per-request timer handle costs more than the
 # whole routing decision, a table swept a few times a second costs nothing per request.
 SWEEP_INTERVAL = 0.05
+# Streams are checked for silence at most this often (and 4 times per inter-token timeout):
+# the check compares body lengths, so a token costs nothing, only the sweep does.
+STALL_SWEEP_MAX = 1.0
 
 
 class UpstreamPool:
@@ -284,6 +322,39 @@ class UpstreamPool:
         self.connect_timeout = 5.0
         self.first_byte: dict[UpstreamConn, float] = {}  # exchange -> first-byte deadline
         self._sweeper: asyncio.TimerHandle | None = None
+        # Committed streams -> [body length at the last look, when it last grew].
+        self.inter_token_timeout: float | None = None
+        self.streaming: dict[UpstreamConn, list[float]] = {}
+        self._stall_sweeper: asyncio.TimerHandle | None = None
+
+    def watch_stall(self, conn: UpstreamConn) -> None:
+        """Fail `conn`'s stream if it goes silent for the inter-token timeout (if one is set)."""
+        timeout = self.inter_token_timeout
+        if timeout is None:
+            return
+        conn.stall_watched = True
+        self.streaming[conn] = [conn.body_len, self.loop.time()]
+        if self._stall_sweeper is None:
+            self._stall_sweeper = self.loop.call_later(min(STALL_SWEEP_MAX, timeout / 4), self._sweep_stalls)
+
+    def _sweep_stalls(self) -> None:
+        timeout = self.inter_token_timeout
+        assert timeout is not None
+        now = self.loop.time()
+        late: list[tuple[UpstreamConn, float]] = []
+        for c, seen in self.streaming.items():
+            if c.body_len != seen[0] or c.paused:
+                seen[0], seen[1] = c.body_len, now  # a token arrived, or a slow client holds it
+            elif now - seen[1] >= timeout:
+                late.append((c, now - seen[1]))
+        for c, silent in late:
+            del self.streaming[c]
+            c.on_stall(silent)
+        self._stall_sweeper = (
+            self.loop.call_later(min(STALL_SWEEP_MAX, timeout / 4), self._sweep_stalls)
+            if self.streaming
+            else None
+        )
 
     def watch(self, conn: UpstreamConn, timeout: float) -> None:
         """Fail `conn`'s exchange if no body byte arrives within `timeout` seconds."""
@@ -348,6 +419,9 @@ class UpstreamPool:
         if self._sweeper is not None:
             self._sweeper.cancel()
             self._sweeper = None
+        if self._stall_sweeper is not None:
+            self._stall_sweeper.cancel()
+            self._stall_sweeper = None
         for stack in self.idle.values():
             for conn in list(stack):
                 conn.close()

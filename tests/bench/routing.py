@@ -1,9 +1,12 @@
 """`just bench routing`: CPU of the coordinator's routing logic per request, against its budget.
 
-The hot path's routing is: plan for the model, candidates per role, a policy's pick, in-flight
-accounting. Measured here without any I/O over a table of 16 prefill + 16 decode + 16 union
-endpoints (breaker wired in), per policy, plus the fold costs (a heartbeat, a replayed event).
-Each figure is CPU time, the best of several rounds. The budget for all routing logic is ~40 µs.
+The hot path's routing is the router's choice of a path (plan for the model, candidates per
+role, each role's policy pick, union against P/D on load) and in-flight accounting. Measured
+here without any I/O, per policy, for three models: `single` has 16 union endpoints, `pd` 16
+prefill + 16 decode, `mixed` all 48 (every request weighs a union pick against a P/D pick);
+the breaker is wired in with one circuit open. Plus the fold costs (a heartbeat, a replayed
+event). Each figure is CPU time, the best of several rounds. The budget for all routing logic
+is ~40 µs.
 """
 
 from __future__ import annotations
@@ -12,7 +15,8 @@ import argparse
 import time
 from collections.abc import Callable
 
-from coordinator.policies import REGISTRY, RequestInfo, make_policy, prompt_prefix
+from coordinator.policies import REGISTRY, RequestInfo, make_policy
+from coordinator.routes import Router
 from coordinator.table import RoutingTable
 from core.events import EventBase, Role
 from tests.unit.coord_events import heartbeat, instance_events
@@ -20,18 +24,26 @@ from tests.unit.coord_events import heartbeat, instance_events
 BUDGET_US = 40.0
 
 
+MODELS = {
+    "single": (Role.UNION,),
+    "pd": (Role.PREFILL, Role.DECODE),
+    "mixed": (Role.PREFILL, Role.DECODE, Role.UNION),
+}
+
+
 def build_table(per_role: int) -> tuple[RoutingTable, list[tuple[int, EventBase]]]:
-    """A table with `per_role` P, D and union instances, and the events that built it."""
+    """A table with `per_role` instances of each role of each model, and the events that built it."""
     events: list[tuple[int, EventBase]] = []
     seq = 0
     iid = 0
-    for role in (Role.PREFILL, Role.DECODE, Role.UNION):
-        for _ in range(per_role):
-            iid += 1
-            caps = ("handoff",) if role != Role.UNION else ()
-            for ev in instance_events(iid, role, capabilities=caps, model="m"):
-                seq += 1
-                events.append((seq, ev))
+    for model, roles in MODELS.items():
+        for role in roles:
+            for _ in range(per_role):
+                iid += 1
+                caps = ("handoff",) if role != Role.UNION else ()
+                for ev in instance_events(iid, role, capabilities=caps, model=model):
+                    seq += 1
+                    events.append((seq, ev))
     t = RoutingTable()
     t.apply_all(events)
     return t, events
@@ -67,46 +79,34 @@ def main(argv: list[str]) -> int:
     }
     results: dict[str, float] = {}
 
-    def union_route(policy_name: str) -> Callable[[], object]:
-        policy = make_policy(policy_name)
+    def route(policy_name: str, model: str) -> Callable[[], object]:
+        router = Router(
+            table,
+            {
+                Role.UNION: make_policy(policy_name),
+                Role.PREFILL: make_policy(policy_name),
+                Role.DECODE: make_policy("least_load"),
+            },
+        )
+        exclude: set[str] = set()
 
-        def route() -> object:
-            plan = table.plan("m")
-            info = RequestInfo("m", prompt_prefix(body), "r")
-            ep = policy.select(table.candidates(Role.UNION, "m"), info)
-            assert ep is not None and plan.kind == "pd"
+        def one() -> object:
+            info = RequestInfo(model, None, "r", body)
+            r = router.choose(model, info, exclude)
+            assert r is not None
+            ep, p = r.ep, r.prefill
             ep.inflight += 1
+            if p is not None:
+                p.inflight += 1
+                p.inflight -= 1
             ep.inflight -= 1
             return ep
 
-        return route
-
-    def pd_route(policy_name: str) -> Callable[[], object]:
-        p_policy, d_policy = make_policy(policy_name), make_policy("least_load")
-
-        def route() -> object:
-            plan = table.plan("m")
-            info = RequestInfo("m", prompt_prefix(body), "r")
-            p = p_policy.select(
-                table.candidates(Role.PREFILL, "m", engine_type=plan.engine_type, capability=plan.capability),
-                info,
-            )
-            d = d_policy.select(
-                table.candidates(Role.DECODE, "m", engine_type=plan.engine_type, capability=plan.capability),
-                info,
-            )
-            assert p is not None and d is not None
-            p.inflight += 1
-            d.inflight += 1
-            p.inflight -= 1
-            d.inflight -= 1
-            return d
-
-        return route
+        return one
 
     for name in sorted(REGISTRY):
-        results[f"single_{name}_us"] = per_call_us(union_route(name), args.n, args.rounds)
-        results[f"pd_{name}_us"] = per_call_us(pd_route(name), args.n, args.rounds)
+        for model in MODELS:
+            results[f"{model}_{name}_us"] = per_call_us(route(name, model), args.n, args.rounds)
     beat = heartbeat("n2", (0, 3, 1))
     results["heartbeat_apply_us"] = per_call_us(lambda: table.apply(beat), args.n, args.rounds)
 
@@ -117,7 +117,7 @@ def main(argv: list[str]) -> int:
 
     replay_us = per_call_us(replay, 20, args.rounds)
     results["replay_events_per_s"] = len(events) / (replay_us / 1e6)
-    worst = max(v for k, v in results.items() if k.startswith(("single_", "pd_")))
+    worst = max(v for k, v in results.items() if k.startswith(tuple(f"{m}_" for m in MODELS)))
     for key, value in results.items():
         print(f"{key:32s} {value:12.1f}")
     fields = " ".join(f"{k}={v:.1f}" for k, v in results.items())

@@ -22,10 +22,13 @@ import orjson
 import yaml
 
 from core.events import (
+    EndpointLoad,
     EndpointSpec,
     EndpointStatus,
     EndpointStatusChanged,
     EndpointStatusChangedData,
+    Heartbeat,
+    HeartbeatData,
     InstanceAssembled,
     InstanceAssembledData,
     InstanceMember,
@@ -247,17 +250,45 @@ class Cluster:
                 data=InstanceStateChangedData(instance_id=iid, state=InstanceState.ACTIVE),
             )
         )
-        await self.pub.publish(
+        await self.status(eng, iid, EndpointStatus.READY)
+        return iid
+
+    async def status(
+        self, eng: Engine, iid: int, status: EndpointStatus, previous: EndpointStatus | None = None
+    ) -> int:
+        """Say what a node agent would about `eng`'s endpoint (with its pid); the MOTOR sequence."""
+        node = f"n{eng.port}"
+        return await self.pub.publish(
             EndpointStatusChanged(
                 id=new_id(),
                 ts=self._ts(),
-                source=src,
+                source=f"nodeagent/{node}",
                 data=EndpointStatusChangedData(
-                    node_id=node, endpoint_id=0, instance_id=iid, status=EndpointStatus.READY
+                    node_id=node,
+                    endpoint_id=0,
+                    instance_id=iid,
+                    status=status,
+                    previous=previous,
+                    pid=eng.proc.pid if hasattr(eng, "proc") else None,  # a stand-in has no process
                 ),
             )
         )
-        return iid
+
+    async def load(self, eng: Engine, iid: int, running: int) -> None:
+        """A heartbeat saying `eng` runs `running` requests (steers load-aware routing)."""
+        node = f"n{eng.port}"
+        await self.pub.publish(
+            Heartbeat(
+                id=new_id(),
+                ts=self._ts(),
+                source=f"nodeagent/{node}",
+                data=HeartbeatData(
+                    node_id=node,
+                    instance_id=iid,
+                    endpoints=(EndpointLoad(id=0, status=EndpointStatus.READY, running=running),),
+                ),
+            )
+        )
 
 
 async def post(

@@ -108,6 +108,9 @@ async def test_refresh_appends_an_event_and_routes_external_engines(nc: Client, 
         assert [e.key for e in other.routable()] == [e.key for e in h.ctx.table.routable()] == ["ext/0"]
 
 
+DELETE = object()
+
+
 async def test_refresh_rejects_bad_bodies_naming_the_field(nc: Client, js: JetStreamContext) -> None:
     async with running_mgmt(nc, js, CoordinatorConfig(max_body_bytes=4096)) as h:
         bad = seed_body()
@@ -121,10 +124,24 @@ async def test_refresh_rejects_bad_bodies_naming_the_field(nc: Client, js: JetSt
         assert status == 400 and is_openai_error(body)
         status, body = await h.post("/v1/instances/refresh", raw=b'{"pad": "' + b"x" * 5000 + b'"}')
         assert status == 413 and is_openai_error(body)
+        # An instance without a valid id — the event that crashed the controller's fold when a
+        # client appended it directly — never gets past the API.
+        for bad_id, field in ((DELETE, "instances[0].id"), (None, "instances[0].id"), ("0", "instances[0].id")):
+            bad = seed_body()
+            if bad_id is DELETE:
+                del bad["instances"][0]["id"]
+            else:
+                bad["instances"][0]["id"] = bad_id
+            status, body = await h.post("/v1/instances/refresh", bad)
+            assert status == 400 and body["error"]["message"].startswith(f"{field}: "), body
+        bad = seed_body()
+        bad["instances"][1] = "not an instance"
+        status, body = await h.post("/v1/instances/refresh", bad)
+        assert status == 400 and body["error"]["message"].startswith("instances[1]: "), body
         # Nothing reached the log.
         assert [r async for r in read_range(nc, MOTOR_STREAM)] == []
         metrics = (await h.get("/metrics"))[1].decode()
-        assert 'motor_coordinator_instance_refreshes_total{result="rejected"} 4.0' in metrics
+        assert 'motor_coordinator_instance_refreshes_total{result="rejected"} 8.0' in metrics
 
 
 async def test_alarm_cleared_follows_seed_002(nc: Client, js: JetStreamContext) -> None:

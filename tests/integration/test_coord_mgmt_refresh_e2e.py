@@ -122,6 +122,7 @@ async def test_external_pd_pair_routes_two_hops_and_obeys_precision_alarms(
             "capability": "handoff",
             "engine_type": "builtin",
             "reason": "",
+            "paths": ["pd:builtin/handoff", "prefill"],
         }
         status, direct, _ = await post(s, f"{union.url}/v1/chat/completions", CHAT)
         status, via, _ = await post(s, f"{coord.url}/v1/chat/completions", CHAT)

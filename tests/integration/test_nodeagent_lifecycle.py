@@ -105,6 +105,7 @@ async def test_register_start_ready_kill_dead_stop(
     assert status["status"] is True and status["instance_id"] == 7
     pid = status["endpoints"][0]["pid"]
     assert pid_alive(pid)
+    assert ready.data.pid == pid  # the incarnation: the coordinator resets circuits on a new one
     assert (await agent.get("/readiness"))[0] == 200
     assert (await agent.get("/liveness"))[0] == 200
     code, metrics = await agent.get("/metrics")
@@ -159,9 +160,9 @@ async def test_register_start_ready_kill_dead_stop(
     await tail.wait(is_(CommandApplied, node, command_id=restart.data.command_id), after=mark)
     back = await tail.wait(is_(EndpointStatusChanged, node, status=EndpointStatus.STARTING), after=mark)
     assert back.data.previous == EndpointStatus.DEAD
-    await tail.wait(is_(EndpointStatusChanged, node, status=EndpointStatus.READY), after=mark)
+    ready2 = await tail.wait(is_(EndpointStatusChanged, node, status=EndpointStatus.READY), after=mark)
     pid2 = (await agent.status())["endpoints"][0]["pid"]
-    assert pid2 != pid
+    assert pid2 != pid and ready2.data.pid == pid2
 
     # Stop: STOPPED, applied, the engine process gone.
     mark = tail.index()
@@ -252,7 +253,7 @@ async def test_restart_adopts_running_engines_and_resyncs(
     assert resent.data.instance_id == 9 and resent.data.running_endpoints == (0,)
     # The registration resets the fold's view of its endpoints: READY is said again after it.
     reasserted = await tail.wait(is_(EndpointStatusChanged, node, status=EndpointStatus.READY), after=mark)
-    assert "re-asserted" in reasserted.data.reason
+    assert "re-asserted" in reasserted.data.reason and reasserted.data.pid == pid  # same incarnation
 
     # An adopted engine's exit is seen at once too (pidfd), exit code unknown.
     mark = tail.index()

@@ -93,13 +93,26 @@ def instance_events(
     return out
 
 
-def endpoint_status(node_id: str, endpoint_id: int, status: EndpointStatus, instance_id: int) -> EventBase:
+def endpoint_status(
+    node_id: str,
+    endpoint_id: int,
+    status: EndpointStatus,
+    instance_id: int,
+    *,
+    pid: int | None = None,
+    previous: EndpointStatus | None = None,
+) -> EventBase:
     return EndpointStatusChanged(
         id=new_id(),
         ts=3.0,
         source=f"nodeagent/{node_id}",
         data=EndpointStatusChangedData(
-            node_id=node_id, endpoint_id=endpoint_id, instance_id=instance_id, status=status
+            node_id=node_id,
+            endpoint_id=endpoint_id,
+            instance_id=instance_id,
+            status=status,
+            previous=previous,
+            pid=pid,
         ),
     )
 

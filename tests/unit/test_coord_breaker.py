@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from coordinator.breaker import Breakers, BreakerState
+from coordinator.breaker import Breakers, BreakerState, CircuitChange
 
 
 class Clock:
@@ -14,9 +14,9 @@ class Clock:
 
 
 def make(clock: Clock, changes: list[tuple[str, BreakerState]] | None = None) -> Breakers:
-    def note(k: str, s: BreakerState) -> None:
+    def note(c: CircuitChange) -> None:
         if changes is not None:
-            changes.append((k, s))
+            changes.append((c.key, c.state))
 
     return Breakers(failures=3, backoff_initial=30, backoff_max=300, clock=clock, on_change=note)
 
@@ -92,3 +92,50 @@ def test_released_probe_lets_another_request_probe() -> None:
     assert b.is_open("e")
     b.release_probe("e")
     assert not b.is_open("e")
+
+
+def test_a_new_incarnation_closes_an_open_circuit_at_once() -> None:
+    """Regression: a decode restarted as a new process stayed unroutable for the old one's
+    whole backoff (30 s of 503 after a kill -9)."""
+    c = Clock()
+    heard: list[CircuitChange] = []
+    b = Breakers(failures=3, backoff_initial=30, backoff_max=300, clock=c, on_change=heard.append)
+    for _ in range(3):
+        b.failure("d", "transport: engine closed the connection")
+    assert b.is_open("d") and not b.idle()
+    assert heard[-1] == CircuitChange(
+        "d", BreakerState.OPEN, "transport: engine closed the connection", failures=3, backoff=30
+    )
+    c.t += 1  # well inside the backoff
+    b.reset("d", "new incarnation (pid 42)")
+    assert not b.is_open("d") and b.idle() and b.state("d") == BreakerState.CLOSED
+    assert heard[-1] == CircuitChange("d", BreakerState.CLOSED, "new incarnation (pid 42)")
+    # The new process starts with a clean count: one failure does not reopen it.
+    b.failure("d")
+    assert not b.is_open("d")
+
+
+def test_reset_of_a_closed_circuit_says_nothing() -> None:
+    c = Clock()
+    changes: list[tuple[str, BreakerState]] = []
+    b = make(c, changes)
+    b.reset("never-failed", "new incarnation")
+    b.failure("e")
+    b.reset("e", "new incarnation")  # counted failures, never opened: forgotten silently
+    b.failure("e")
+    b.failure("e")
+    assert not b.is_open("e") and changes == []
+
+
+def test_idle_tracks_open_circuits() -> None:
+    c = Clock()
+    b = make(c)
+    assert b.idle()
+    for _ in range(3):
+        b.failure("e")
+    assert not b.idle()
+    c.t += 31
+    b.on_attempt("e")  # the probe
+    assert not b.idle()
+    b.success("e")
+    assert b.idle()

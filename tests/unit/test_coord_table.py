@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from coordinator.table import RoutingTable
+from coordinator.table import Incarnation, RoutingTable
 from core.events import EndpointStatus, EventBase, InstanceState, Role
 from tests.unit.coord_events import (
     alarm,
@@ -403,3 +403,46 @@ def test_external_endpoint_lists_route_each_endpoint() -> None:
     a, b = t.candidates(Role.PREFILL, None)
     assert (a.key, a.host, a.port, a.bootstrap_port) == ("ext/5/0", "10.0.0.2", 8080, 21001)
     assert (b.key, b.host, b.port, b.bootstrap_port) == ("ext/5/1", "127.0.0.1", 8082, 21000)
+
+
+READY, DEAD, STARTING = EndpointStatus.READY, EndpointStatus.DEAD, EndpointStatus.STARTING
+
+
+def test_ready_as_a_new_process_is_a_new_incarnation() -> None:
+    """Regression: after the node agent restarted a killed decode, its circuit stayed open for
+    the old process's whole backoff; the table now says when READY is about another process."""
+    t = table_of(instance_events(3, Role.DECODE, status=None))
+    heard: list[tuple[str, Incarnation]] = []
+    t.on_incarnation = lambda key, inc: heard.append((key, inc))
+    t.apply(endpoint_status("n3", 0, READY, 3, pid=100, previous=STARTING), 10)
+    assert heard == [] and t.incarnation("n3/0") == Incarnation(100, 10)  # the first: nothing to forget
+    t.apply(endpoint_status("n3", 0, DEAD, 3, pid=100, previous=READY), 11)
+    t.apply(endpoint_status("n3", 0, STARTING, 3, pid=200, previous=DEAD), 12)
+    t.apply(endpoint_status("n3", 0, READY, 3, pid=200, previous=STARTING), 13)
+    assert heard == [("n3/0", Incarnation(200, 13))]
+    assert Incarnation(200, 13).describe() == "pid 200"
+
+
+def test_the_same_process_saying_ready_again_is_not_new() -> None:
+    t = table_of(instance_events(3, Role.DECODE, status=None))
+    heard: list[str] = []
+    t.on_incarnation = lambda key, inc: heard.append(key)
+    t.apply(endpoint_status("n3", 0, READY, 3, pid=100), 10)
+    # The agent restarted and adopted its engine (STARTING, then READY, same pid) …
+    t.apply(endpoint_status("n3", 0, STARTING, 3, pid=100, previous=READY), 11)
+    t.apply(endpoint_status("n3", 0, READY, 3, pid=100, previous=STARTING), 12)
+    # … or re-asserted READY after a lost log tail.
+    t.apply(endpoint_status("n3", 0, READY, 3, pid=100, previous=READY), 13)
+    assert heard == []
+
+
+def test_without_a_pid_only_ready_after_something_else_is_new() -> None:
+    t = table_of(instance_events(3, Role.DECODE, status=None))
+    heard: list[Incarnation] = []
+    t.on_incarnation = lambda key, inc: heard.append(inc)
+    t.apply(endpoint_status("n3", 0, READY, 3), 10)
+    t.apply(endpoint_status("n3", 0, READY, 3, previous=READY), 11)  # a re-assertion
+    assert heard == []
+    t.apply(endpoint_status("n3", 0, DEAD, 3, previous=READY), 12)
+    t.apply(endpoint_status("n3", 0, READY, 3, previous=DEAD), 13)
+    assert heard == [Incarnation(None, 13)] and heard[0].describe() == "READY at seq 13"

@@ -1,0 +1,228 @@
+"""One engine exchange delivered to the client: a prefill leg fetched whole, or a response
+passed through (raw) or translated (a `Sink`), with the breaker told how the engine did.
+
+A failure before anything reached the client is a `Retry` naming the endpoint; a failure
+after the head went out is `Broken` (the flows continue the stream elsewhere, once the
+attempt that broke has let go of its endpoints).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import orjson
+
+from coordinator.breaker import Breakers
+from coordinator.errors import error_body
+from coordinator.faultlog import FaultLog
+from coordinator.proxy import http1
+from coordinator.proxy.call import AnthropicSink, Call, Retry
+from coordinator.proxy.exchange import Upstreams
+from coordinator.proxy.upstream import UpstreamConn, UpstreamError
+from coordinator.table import Endpoint
+
+
+class Broken(Exception):
+    """The engine failed after the response was committed to the client."""
+
+    def __init__(self, up: UpstreamConn, ep: Endpoint, exc: UpstreamError) -> None:
+        super().__init__(str(exc))
+        self.up = up
+        self.ep = ep
+        self.exc = exc
+
+
+class Hop:
+    """Talks to one engine for one attempt; the breaker and the metrics hear every outcome."""
+
+    def __init__(
+        self,
+        ups: Upstreams,
+        breakers: Breakers,
+        *,
+        metrics: Any = None,
+        faults: FaultLog | None = None,
+    ) -> None:
+        self.ups = ups
+        self.breakers = breakers
+        self.metrics = metrics
+        self.faults = faults
+
+    async def prefill(self, p: Endpoint, path: bytes, body: bytes, rid: str) -> tuple[int, bytes]:
+        """A prefill leg, whole; Retry on a transport error or a 5xx."""
+        self.breakers.on_attempt(p.key)
+        p.inflight += 1
+        try:
+            status, data = await self.ups.fetch(p, path, body, rid)
+        except UpstreamError as exc:
+            self.upstream_failed(p, exc)
+            raise Retry(f"prefill {p.key}: {exc}", 504 if exc.timeout else 502, ep=p) from None
+        except asyncio.CancelledError:
+            self.breakers.release_probe(p.key)
+            raise
+        finally:
+            p.inflight -= 1
+        if status >= 500:
+            self.upstream_failed(p, None)
+            raise Retry(f"prefill {p.key} answered HTTP {status}", status, data, ep=p)
+        self.breakers.success(p.key)
+        return status, data
+
+    async def serve_on(self, call: Call, ep: Endpoint, body: bytes, rid: str) -> None:
+        """Send `body` to `ep` and deliver its response to the client (callers count in-flight)."""
+        br = self.breakers
+        br.on_attempt(ep.key)
+        try:
+            up = await self.ups.open(ep, call.path, body, rid)
+        except UpstreamError as exc:
+            self.upstream_failed(ep, exc)
+            raise Retry(f"{ep.key}: {exc}", 504 if exc.timeout else 502, ep=ep) from None
+        except asyncio.CancelledError:
+            br.release_probe(ep.key)
+            raise
+        if up.status >= 500:
+            try:
+                data = await up.read_all()
+            except UpstreamError as exc:
+                self.upstream_failed(ep, exc)
+                raise Retry(f"{ep.key}: {exc}", ep=ep) from None
+            except BaseException:
+                up.close()
+                raise
+            up.release()
+            self.upstream_failed(ep, None)
+            raise Retry(f"{ep.key} answered HTTP {up.status}", up.status, data, ep=ep)
+        br.success(ep.key)
+        if call.resuming is not None and self.faults is not None:
+            self.faults.continued(call.resuming, ep.key)
+        call.resuming = None
+        await self._deliver(call, up, ep)
+
+    async def _deliver(self, call: Call, up: UpstreamConn, ep: Endpoint) -> None:
+        conn = call.conn
+        if call.ttft is None:
+            call.ttft = time.perf_counter() - call.t0
+        if not call.committed:
+            call.status = up.status
+        if call.sink is None and not call.anthropic:
+            head = self._head(call, up)
+            if head is None:
+                await self._whole(call, up, ep, _as_is)
+                return
+            conn.upstream = up
+            if conn.write_paused:
+                up.pause()
+            try:
+                fut = up.commit(conn.transport, head)
+            except UpstreamError as exc:
+                conn.upstream = None
+                self.upstream_failed(ep, exc)
+                raise Retry(f"{ep.key}: {exc}", ep=ep) from None
+            call.committed = True
+            await self._until_end(call, up, ep, fut)
+            return
+        if call.anthropic and not call.stream:
+            await self._whole(call, up, ep, _to_anthropic(call))
+            return
+        if up.status != 200 and not call.committed:
+            await self._whole(call, up, ep, _as_is)
+            return
+        if call.sink is None:
+            call.sink = AnthropicSink(call.model or "")
+        sink = call.sink
+        head = sink.head(call)
+        if head is not None:
+            conn.write(head)
+        call.committed = True
+        conn.upstream = up
+        if conn.write_paused:
+            up.pause()
+
+        def on_data(data: bytes) -> None:
+            out = sink.feed(data)
+            if out:
+                conn.write(out)
+
+        await self._until_end(call, up, ep, up.stream_to(on_data))
+        conn.write(sink.end())
+
+    async def _until_end(
+        self, call: Call, up: UpstreamConn, ep: Endpoint, fut: asyncio.Future[None] | None
+    ) -> None:
+        """Wait for the end of a response already committed to the client (`fut` None: it
+        ended); `Broken` when the engine failed midway."""
+        conn = call.conn
+        try:
+            if fut is not None:
+                await fut
+        except UpstreamError as exc:
+            conn.upstream = None
+            raise Broken(up, ep, exc) from None
+        except BaseException:
+            conn.upstream = None
+            up.close()
+            raise
+        conn.upstream = None
+        call.served_by, call.resp_body = ep, up.body
+        up.release()
+
+    async def _whole(self, call: Call, up: UpstreamConn, ep: Endpoint, shape: Any) -> None:
+        try:
+            data = await up.read_all()
+        except UpstreamError as exc:
+            self.upstream_failed(ep, exc)
+            raise Retry(f"{ep.key}: {exc}", ep=ep) from None
+        except BaseException:
+            up.close()
+            raise
+        up.release()
+        call.served_by, call.resp_body = ep, up.body
+        send(call, up.status, shape(up.status, data))
+
+    def _head(self, call: Call, up: UpstreamConn) -> bytes | None:
+        headers = http1.forwardable(up.headers)
+        headers.append((b"x-request-id", call.root_b))
+        length: int | None = None
+        if not up.chunked:
+            for name, value in up.headers:
+                if name == b"content-length":
+                    length = int(value)
+                    break
+            else:
+                return None
+        return http1.build_head(up.status, headers, content_length=length, keep_alive=call.req.keep_alive)
+
+    def upstream_failed(self, ep: Endpoint, exc: UpstreamError | None) -> None:
+        """Charge `ep`'s circuit and count the failure by kind."""
+        kind = "http_5xx" if exc is None else exc.kind
+        self.breakers.failure(ep.key, f"{kind}: {exc}" if exc is not None else kind)
+        if self.metrics is not None:
+            self.metrics.upstream_errors.labels(endpoint=ep.key, kind=kind).inc()
+
+
+def send(call: Call, status: int, body: bytes) -> None:
+    """Answer the client with a whole response (the call is committed from here on)."""
+    call.status = status
+    call.committed = True
+    call.conn.send(call.req, status, body, extra=[(b"x-request-id", call.root_b)])
+
+
+def _as_is(status: int, data: bytes) -> bytes:
+    return data
+
+
+def _to_anthropic(call: Call) -> Any:
+    from coordinator.anthropic import chat_to_message
+
+    def shape(status: int, data: bytes) -> bytes:
+        if status != 200:
+            return data
+        try:
+            resp = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            return error_body(502, "engine returned a body that is not JSON")
+        return orjson.dumps(chat_to_message(resp, call.model or ""))
+
+    return shape
