@@ -126,7 +126,11 @@ async def test_refresh_rejects_bad_bodies_naming_the_field(nc: Client, js: JetSt
         assert status == 413 and is_openai_error(body)
         # An instance without a valid id — the event that crashed the controller's fold when a
         # client appended it directly — never gets past the API.
-        for bad_id, field in ((DELETE, "instances[0].id"), (None, "instances[0].id"), ("0", "instances[0].id")):
+        for bad_id, field in (
+            (DELETE, "instances[0].id"),
+            (None, "instances[0].id"),
+            ("0", "instances[0].id"),
+        ):
             bad = seed_body()
             if bad_id is DELETE:
                 del bad["instances"][0]["id"]
