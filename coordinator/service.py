@@ -22,8 +22,8 @@ from coordinator.proxy.app import ProxyApp
 from coordinator.proxy.asgi import Lifespan
 from coordinator.proxy.exchange import Upstreams
 from coordinator.proxy.flows import Flows
+from coordinator.proxy.pool import UpstreamPool
 from coordinator.proxy.server import ProxyServer
-from coordinator.proxy.upstream import UpstreamPool
 from coordinator.table import Incarnation
 from core import subjects
 from core.config import CoordinatorConfig

@@ -25,6 +25,7 @@ from typing import Any
 
 from coordinator.endpoint import Endpoint, Plan, Route
 from coordinator.external import external_endpoints
+from coordinator.plan import make_plan
 from core.events import (
     AnyEvent,
     EndpointLoad,
@@ -45,13 +46,6 @@ log = logging.getLogger(__name__)
 # Instance states whose READY endpoints take traffic. DEGRADED means "serving, part of it
 # unhealthy": its READY endpoints still serve; the unhealthy ones are not READY.
 ROUTABLE_STATES = frozenset({InstanceState.ACTIVE, InstanceState.DEGRADED})
-
-# Preferred P/D protocol per engine type when a pair shares several.
-_CAPABILITY_PREFERENCE: dict[str, tuple[str, ...]] = {
-    "vllm": ("handoff", "trigger"),
-    "sglang": ("bootstrap",),
-    "builtin": ("handoff", "bootstrap"),
-}
 
 
 @dataclass(slots=True)
@@ -257,36 +251,10 @@ class RoutingTable:
 
     def _make_plan(self, model: str | None) -> Plan:
         eps = [e for e in self._routable if model is None or e.model == model]
-        prefill = [e for e in eps if e.role == Role.PREFILL]
-        decode = [e for e in eps if e.role == Role.DECODE]
-        union = [e for e in eps if e.role == Role.UNION]
-        shared = tuple(_shared_protocols(prefill, decode)) if prefill and decode else ()
-        if shared:
-            engine_type, capability = shared[0]
-            return Plan(
-                kind="pd",
-                capability=capability,
-                engine_type=engine_type,
-                pd=shared,
-                union=bool(union),
-                prefill=True,
-            )
-        if union:
-            return Plan(kind="single", role=Role.UNION, union=True, prefill=bool(prefill))
-        if prefill and decode:
-            return Plan(
-                kind="none",
-                reason="no compatible prefill/decode pair: "
-                f"prefill speaks {_protocols(prefill)}, decode speaks {_protocols(decode)}",
-            )
-        if prefill:
-            return Plan(kind="single", role=Role.PREFILL, prefill=True)
-        what = f"model {model!r}" if model is not None else "any model"
-        if decode:
-            return Plan(kind="none", reason=f"only decode instances are routable for {what}")
-        return Plan(kind="none", reason=self._why_none(model, what))
+        return make_plan(eps, model, lambda: self._why_none(model))
 
-    def _why_none(self, model: str | None, what: str) -> str:
+    def _why_none(self, model: str | None) -> str:
+        what = f"model {model!r}" if model is not None else "any model"
         known = [d for d in self._all.values() if model is None or d.ep.model == model]
         if not known:
             return f"no instance serves {what}"
@@ -412,21 +380,3 @@ def _copy_attrs(dst: Endpoint, src: Endpoint) -> None:
         "avail_blocks",
     ):
         setattr(dst, name, getattr(src, name))
-
-
-def _protocols(eps: list[Endpoint]) -> str:
-    pairs = sorted({f"{e.engine_type}:{c}" for e in eps for c in e.capabilities} or {"nothing"})
-    return ",".join(pairs)
-
-
-def _shared_protocols(prefill: list[Endpoint], decode: list[Endpoint]) -> list[tuple[str, str]]:
-    """(engine_type, capability) pairs both sides speak, preferred first (fail closed: same engine)."""
-    p = {(e.engine_type, c) for e in prefill for c in e.capabilities}
-    d = {(e.engine_type, c) for e in decode for c in e.capabilities}
-    shared = p & d
-
-    def rank(pair: tuple[str, str]) -> tuple[int, str, str]:
-        pref = _CAPABILITY_PREFERENCE.get(pair[0], ())
-        return (pref.index(pair[1]) if pair[1] in pref else len(pref), pair[0], pair[1])
-
-    return sorted(shared, key=rank)

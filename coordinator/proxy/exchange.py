@@ -10,7 +10,8 @@ from typing import Any
 
 import orjson
 
-from coordinator.proxy.upstream import UpstreamConn, UpstreamError, UpstreamPool
+from coordinator.proxy.pool import UpstreamPool
+from coordinator.proxy.upstream import UpstreamConn, UpstreamError
 from coordinator.table import Endpoint
 
 log = logging.getLogger(__name__)
