@@ -28,6 +28,7 @@ from coordinator.external import external_endpoints
 from coordinator.plan import make_plan
 from core.events import (
     AnyEvent,
+    CircuitChanged,
     EndpointLoad,
     EndpointStatus,
     EndpointStatusChanged,
@@ -35,6 +36,7 @@ from core.events import (
     Heartbeat,
     InstanceState,
     Role,
+    StreamsDisrupted,
 )
 from core.reducer import apply as reduce_apply
 from core.state import ClusterState
@@ -42,6 +44,8 @@ from core.state import ClusterState
 __all__ = ["Endpoint", "Incarnation", "Plan", "Route", "RoutingTable"]
 
 log = logging.getLogger(__name__)
+
+_ROUTING_FACTS = frozenset({CircuitChanged, StreamsDisrupted})
 
 # Instance states whose READY endpoints take traffic. DEGRADED means "serving, part of it
 # unhealthy": its READY endpoints still serve; the unhealthy ones are not READY.
@@ -110,7 +114,14 @@ class RoutingTable:
             # folding them through the reducer would cost ~10x more for nothing we read.
             self._apply_load(event)
             return
-        if type(event) is EndpointStatusChanged and event.data.status == EndpointStatus.READY:
+        etype = type(event)
+        if etype in _ROUTING_FACTS:
+            # This or another coordinator's circuit and stream outcomes: history, not state;
+            # folding them would only make every replica rebuild its index once a second.
+            if seq > self.last_seq:
+                self.last_seq = seq
+            return
+        if isinstance(event, EndpointStatusChanged) and event.data.status == EndpointStatus.READY:
             self._ready(event, seq)
         self._state = reduce_apply(self._state, event, seq)
         if seq > self.last_seq:

@@ -77,6 +77,7 @@ class Flows:
             try:
                 if route.prefill is None:
                     ep = route.ep
+                    call.prefill_by = None  # an earlier P/D attempt's prefill is not this answer's
                     ep.inflight += 1
                     try:
                         await self.hop.serve_on(call, ep, call.raw, rid)
@@ -222,13 +223,12 @@ class Flows:
 
     def fail(self, call: Call, last: Retry | None, what: str | None = None, status: int = 503) -> None:
         """Answer a call no attempt could serve."""
-        msg = what or self._no_path(call)
         if call.committed:
             if call.resuming is not None and self.faults is not None:
                 self.faults.failed(call.resuming)
                 call.resuming = None
-            if last is not None:
-                msg = last.reason
+            msg = last.reason if last is not None else (what or self._no_path(call))
+            log.warning("stream %s ends with an error: %s", call.root, msg)
             err = b'data: {"error":{"message":%b,"type":"upstream_error","code":null}}\n\n' % orjson.dumps(
                 msg
             )
@@ -238,7 +238,7 @@ class Flows:
                 call.conn.write(http1.chunk(err) + http1.LAST_CHUNK)
             return
         if last is None:
-            send(call, status, error_body(status, msg))
+            send(call, status, error_body(status, what or self._no_path(call)))
         elif last.body is not None:
             send(call, last.status, last.body)
         else:

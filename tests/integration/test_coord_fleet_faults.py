@@ -438,3 +438,33 @@ async def test_a_stream_continues_on_any_path_with_the_undisturbed_text(
     finally:
         c.stop()
         dying.stop()
+
+
+async def test_a_stream_with_no_path_left_fails_and_the_log_says_so(
+    tmp_path: Path, nats_server: EmbeddedNats, nc: Client, js: JetStreamContext
+) -> None:
+    dying = await start_engine(tmp_path, "union", "--fast", "--die-mid-stream", "3")
+    c = await start_coordinator(tmp_path, nats_server.url)
+    try:
+        await Cluster(Publisher(js)).add(dying)
+        await wait_routable(c, {"model": MODEL, "prompt": "ping", "max_tokens": 1})
+        body = {"model": MODEL, "prompt": QUESTION, "max_tokens": 12, "stream": True}
+        async with aiohttp.ClientSession() as s, s.post(f"{c.url}/v1/completions", json=body) as r:
+            assert r.status == 200  # the head went out before the engine died
+            raw = await r.read()
+        assert b"no healthy path left for model 'motor-sim'" in raw and b"failed for this request" in raw
+        key = f"n{dying.port}/0"
+        deadline = time.monotonic() + 30
+        while True:
+            recs = [r async for r in read_range(nc, MOTOR_STREAM)]
+            mine = [r.event.data for r in recs if r.event.type == "coordinator.streams_disrupted"]
+            if mine:
+                break
+            assert time.monotonic() < deadline, "no streams_disrupted event landed"
+            await asyncio.sleep(0.2)
+        (d,) = mine
+        assert (d.endpoint, d.broken, d.continued, d.failed) == (key, 1, 0, 1)
+        assert d.reasons == {"transport": 1}
+    finally:
+        c.stop()
+        dying.stop()

@@ -446,3 +446,19 @@ def test_without_a_pid_only_ready_after_something_else_is_new() -> None:
     t.apply(endpoint_status("n3", 0, DEAD, 3, previous=READY), 12)
     t.apply(endpoint_status("n3", 0, READY, 3, previous=DEAD), 13)
     assert heard == [Incarnation(None, 13)] and heard[0].describe() == "READY at seq 13"
+
+
+def test_coordinator_fault_events_advance_the_sequence_but_leave_the_index() -> None:
+    from core.events import CircuitChanged, CircuitChangedData
+
+    t = table_of(instance_events(1, Role.UNION))
+    version = t.version
+    ev = CircuitChanged(
+        id="c",
+        ts=9.0,
+        source="coordinator/c",
+        data=CircuitChangedData(coordinator="c", endpoint="n1/0", node_id="n1", state="open"),
+    )
+    t.apply(ev, 50)
+    assert t.last_seq == 50 and not t._dirty and t.version == version
+    assert keys(t.routable()) == ["n1/0"]
