@@ -10,7 +10,7 @@ import asyncio
 import os
 import signal
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -105,6 +105,19 @@ def thaw(eng: Engine) -> None:
         os.kill(eng.proc.pid, signal.SIGCONT)
 
 
+@pytest.fixture
+def owned() -> Iterator[list[Engine | Coordinator]]:
+    """Processes a test starts; each is stopped afterwards (thawed first), whatever happened."""
+    made: list[Engine | Coordinator] = []
+    try:
+        yield made
+    finally:
+        for proc in reversed(made):
+            if isinstance(proc, Engine):
+                thaw(proc)
+            proc.stop()
+
+
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def healthy(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[dict[str, Engine]]:
     """A union engine, a prefill and a decode that never fail (each test registers what it needs)."""
@@ -127,10 +140,15 @@ HANDOFF = {"engine_type": "vllm", "capabilities": ["handoff"]}
 
 
 async def test_union_serves_beside_a_pd_pair(
-    tmp_path: Path, nats_server: EmbeddedNats, js: JetStreamContext, healthy: dict[str, Engine]
+    tmp_path: Path,
+    nats_server: EmbeddedNats,
+    js: JetStreamContext,
+    healthy: dict[str, Engine],
+    owned: list[Engine | Coordinator],
 ) -> None:
     """Regression: the union instance never served while a P/D pair existed (load stayed 0/0)."""
     c = await start_coordinator(tmp_path, nats_server.url)
+    owned.append(c)
     try:
         cluster = Cluster(Publisher(js))
         await cluster.add(healthy["union"], **HANDOFF)
@@ -167,16 +185,23 @@ async def test_union_serves_beside_a_pd_pair(
 
 
 async def test_decode_kill9_under_16_streams_continues_on_union_and_resumes_on_restart(
-    tmp_path: Path, nats_server: EmbeddedNats, nc: Client, js: JetStreamContext, healthy: dict[str, Engine]
+    tmp_path: Path,
+    nats_server: EmbeddedNats,
+    nc: Client,
+    js: JetStreamContext,
+    healthy: dict[str, Engine],
+    owned: list[Engine | Coordinator],
 ) -> None:
     """Regression: kill -9 of the decode under 16 P/D streams ended all 16 with `no routable
     prefill/decode pair left` although the union was idle; then every request got 503 for the
     circuit's whole backoff although the decode was back READY as a new process."""
     decode = await start_engine(tmp_path, "decode", "--itl-ms", "40")
+    owned.append(decode)
     union, prefill = healthy["union"], healthy["prefill"]
     c = await start_coordinator(
         tmp_path, nats_server.url, breaker={"failures": 3, "backoff_initial": 120, "backoff_max": 300}
     )
+    owned.append(c)
     client = sdk(c)
     try:
         cluster = Cluster(Publisher(js))
@@ -218,6 +243,7 @@ async def test_decode_kill9_under_16_streams_continues_on_union_and_resumes_on_r
             # The node agent's part: DEAD, a new process on the same port, STARTING, READY.
             await cluster.status(decode, d_id, EndpointStatus.DEAD, EndpointStatus.READY)
             decode = await start_engine(tmp_path, "decode", "--fast", port=decode.port)
+            owned.append(decode)
             await cluster.status(decode, d_id, EndpointStatus.STARTING, EndpointStatus.DEAD)
             ready_at = time.monotonic()
             await cluster.status(decode, d_id, EndpointStatus.READY, EndpointStatus.STARTING)
@@ -262,12 +288,18 @@ async def test_decode_kill9_under_16_streams_continues_on_union_and_resumes_on_r
 
 
 async def test_engine_frozen_mid_stream_is_continued_after_the_inter_token_timeout(
-    tmp_path: Path, nats_server: EmbeddedNats, js: JetStreamContext, healthy: dict[str, Engine]
+    tmp_path: Path,
+    nats_server: EmbeddedNats,
+    js: JetStreamContext,
+    healthy: dict[str, Engine],
+    owned: list[Engine | Coordinator],
 ) -> None:
     """Regression: a stream on an engine that hung (SIGSTOP) mid-stream hung its client."""
     frozen = await start_engine(tmp_path, "union", "--itl-ms", "40")
+    owned.append(frozen)
     spare = healthy["union"]
     c = await start_coordinator(tmp_path, nats_server.url, inter_token_timeout=1.0, first_token_timeout=10)
+    owned.append(c)
     client = sdk(c)
     try:
         cluster = Cluster(Publisher(js))
@@ -308,13 +340,20 @@ async def test_engine_frozen_mid_stream_is_continued_after_the_inter_token_timeo
 
 
 async def test_frozen_engines_before_the_first_byte_are_retried_elsewhere(
-    tmp_path: Path, nats_server: EmbeddedNats, js: JetStreamContext, healthy: dict[str, Engine]
+    tmp_path: Path,
+    nats_server: EmbeddedNats,
+    js: JetStreamContext,
+    healthy: dict[str, Engine],
+    owned: list[Engine | Coordinator],
 ) -> None:
     """A request stuck before its first byte on a SIGSTOPped engine — a union, or the prefill of
     the pair — is served elsewhere once the first-token timeout passes."""
     frozen_union = await start_engine(tmp_path, "union", "--fast")
+    owned.append(frozen_union)
     frozen_prefill = await start_engine(tmp_path, "prefill", "--fast")
+    owned.append(frozen_prefill)
     c = await start_coordinator(tmp_path, nats_server.url, first_token_timeout=1.0, retries=3)
+    owned.append(c)
     client = sdk(c)
     try:
         cluster = Cluster(Publisher(js))
@@ -367,12 +406,15 @@ async def test_a_stream_continues_on_any_path_with_the_undisturbed_text(
     healthy: dict[str, Engine],
     direction: str,
     api: str,
+    owned: list[Engine | Coordinator],
 ) -> None:
     """An engine dies mid-stream (exit after 4 tokens); the stream goes on on the other kind of
     path and the client's whole text is the undisturbed run's (temperature 0)."""
     dying_role = "decode" if direction == "pd_to_union" else "union"
     dying = await start_engine(tmp_path, dying_role, "--fast", "--die-mid-stream", "4")
+    owned.append(dying)
     c = await start_coordinator(tmp_path, nats_server.url)
+    owned.append(c)
     try:
         cluster = Cluster(Publisher(js))
         if direction == "pd_to_union":
@@ -441,10 +483,16 @@ async def test_a_stream_continues_on_any_path_with_the_undisturbed_text(
 
 
 async def test_a_stream_with_no_path_left_fails_and_the_log_says_so(
-    tmp_path: Path, nats_server: EmbeddedNats, nc: Client, js: JetStreamContext
+    tmp_path: Path,
+    nats_server: EmbeddedNats,
+    nc: Client,
+    js: JetStreamContext,
+    owned: list[Engine | Coordinator],
 ) -> None:
     dying = await start_engine(tmp_path, "union", "--fast", "--die-mid-stream", "3")
+    owned.append(dying)
     c = await start_coordinator(tmp_path, nats_server.url)
+    owned.append(c)
     try:
         await Cluster(Publisher(js)).add(dying)
         await wait_routable(c, {"model": MODEL, "prompt": "ping", "max_tokens": 1})
