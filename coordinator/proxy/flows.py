@@ -22,7 +22,7 @@ from coordinator.proxy.exchange import Upstreams
 from coordinator.proxy.hop import Broken, Hop, send
 from coordinator.proxy.resume import StreamSplicer, continuation_body, progress_of
 from coordinator.routes import Router
-from coordinator.table import Plan, Route, RoutingTable
+from coordinator.table import Endpoint, Plan, Route, RoutingTable
 from core.events import Role
 
 log = logging.getLogger(__name__)
@@ -45,6 +45,7 @@ class Flows:
         self.table = table
         self.ups = ups
         self.breakers = breakers
+        self.policies = policies
         self.router = Router(table, policies)
         self.hop = Hop(ups, breakers, metrics=metrics, faults=faults)
         self.retries = retries
@@ -96,6 +97,19 @@ class Flows:
                 last = r
                 self._retried(r)
         self.fail(call, last)
+
+    async def serve_on(self, call: Call, ep: Endpoint, body: bytes, rid: str) -> None:
+        """One hop to an endpoint chosen outside the router (seed 003 routes): counted in-flight,
+        and a stream that breaks midway goes on as in `run`."""
+        try:
+            ep.inflight += 1
+            try:
+                await self.hop.serve_on(call, ep, body, rid)
+            finally:
+                ep.inflight -= 1
+        except Broken as b:
+            if self._resume(call, b):
+                await self.run(call)
 
     async def handoff(self, call: Call, route: Route, rid: str) -> None:
         """vLLM handoff: prefill for one token, then decode with the prefill's KV params."""

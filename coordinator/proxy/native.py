@@ -74,7 +74,9 @@ def choose(routable: tuple[Endpoint, ...], route: NativeRoute, model: str | None
                 for role in (Role.PREFILL, Role.DECODE)
             ]
             if all(halves):
-                return Plan(kind="pd", capability=sglang.CAPABILITY, engine_type=et)
+                return Plan(
+                    kind="pd", capability=sglang.CAPABILITY, engine_type=et, pd=((et, sglang.CAPABILITY),)
+                )
     for role in route.roles:
         if any(e.role == role for e in eps):
             return Plan(kind="single", role=role)
@@ -192,7 +194,8 @@ class NativeRoutes:
                 call.exclude.add(ep.key)
                 last = r
                 flows._retried(r)
-        flows.fail(call, last, f"{role.value} endpoint serving {call.path.decode()}")
+        model = f" for model {call.model!r}" if call.model else ""
+        flows.fail(call, last, f"no routable {role.value} endpoint serving {call.path.decode()}{model}")
 
     def _unserved(self, conn: ClientConn, req: Request, route: NativeRoute, path: str, model: Any) -> None:
         """501 when no known engine serves the route at all, 503 when they are all down."""
