@@ -2,6 +2,8 @@
 
 `create_app(service)` runs the service in the app's lifespan; everything a route needs comes
 from the service object on `app.state` (typed through one dependency), never from globals.
+With `controller.api_keys` set, every route but `/liveness`, `/readiness` (and `/metrics`
+unless `public_metrics` is off) needs one of them; `/debug/state` masks secrets.
 """
 
 from __future__ import annotations
@@ -19,21 +21,27 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from controller.service import ControllerService
 from controller.views import alarms_view, instances_view, nodes_view
+from core.redact import redact
 from core.state import state_to_dict
+from httpcore.auth import METRICS, Access, Guard, GuardMiddleware
 
 log = logging.getLogger(__name__)
 
 
+_ERROR_TYPES = {401: "authentication_error", 403: "permission_error", 503: "service_unavailable"}
+
+
 def error_body(status: int, message: str, code: str) -> JSONResponse:
     """An OpenAI-shaped error: `{"error": {"message", "type", "code"}}`."""
-    kind = (
-        "service_unavailable"
-        if status == 503
-        else "server_error"
-        if status >= 500
-        else "invalid_request_error"
-    )
+    kind = _ERROR_TYPES.get(status) or ("server_error" if status >= 500 else "invalid_request_error")
     return JSONResponse({"error": {"message": message, "type": kind, "code": code}}, status_code=status)
+
+
+_PROBES = frozenset({"/liveness", "/readiness"})
+
+
+def _error_bytes(status: int, message: str, code: str) -> bytes:
+    return bytes(error_body(status, message, code).body)
 
 
 def _service(request: Request) -> ControllerService:
@@ -72,6 +80,14 @@ def create_app(
 
     app = FastAPI(title="Motor controller", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.service = service
+    ctl = service.cfg.controller
+    public = _PROBES | {METRICS} if ctl.public_metrics else _PROBES
+
+    def access(path: str) -> Access:
+        return Access.PUBLIC if path in public else Access.USER
+
+    guard = Guard(ctl.api_keys, admin_field="controller.api_keys")
+    app.add_middleware(GuardMiddleware, guard=guard, error_body=_error_bytes, access=access)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
@@ -117,7 +133,8 @@ def create_app(
 
     @app.get("/debug/state")
     async def debug_state(svc: Service) -> Response:
-        """The whole folded state as `motor replay --json` prints it (to compare the two)."""
-        return Response(orjson.dumps(state_to_dict(svc.state)), media_type="application/json")
+        """The whole folded state as `motor replay --json` prints it (to compare the two), with
+        secrets masked (`core.redact`): external instances carry whatever their registrar sent."""
+        return Response(orjson.dumps(redact(state_to_dict(svc.state))), media_type="application/json")
 
     return app

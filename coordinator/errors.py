@@ -62,3 +62,22 @@ class CoordinatorError(Exception):
 def error_body(status: int, message: str, type_: str | None = None, code: str | None = None) -> bytes:
     """An OpenAI-shaped error body `{"error": {"message", "type", "code"}}` as JSON bytes."""
     return orjson.dumps({"error": {"message": message, "type": type_ or default_type(status), "code": code}})
+
+
+# Anthropic's error `type` for a status (https://docs.anthropic.com/en/api/errors).
+_ANTHROPIC_TYPE = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    529: "overloaded_error",
+}
+
+
+def anthropic_error_body(status: int, message: str) -> bytes:
+    """An Anthropic-shaped error body `{"type": "error", "error": {"type", "message"}}`."""
+    kind = _ANTHROPIC_TYPE.get(status) or ("api_error" if status >= 500 else "invalid_request_error")
+    return orjson.dumps({"type": "error", "error": {"type": kind, "message": message}})

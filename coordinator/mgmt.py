@@ -1,7 +1,9 @@
 """The management API (FastAPI): probes, metrics, instance refresh, precision alarms, the table.
 
-Served on the coordinator's one port: the /v1 proxy hands every path it does not own to this
-app in-process. Writes (`/v1/instances/refresh`, `/precision/alarm_cleared`) are appended to
+Served in-process by the /v1 proxy (every path it does not own), or on `mgmt_port` when set.
+While any key is configured, every route but the probes (and `/metrics`, unless
+`public_metrics` is off) needs an admin key (`coordinator.admin_keys`), checked on the
+normalised path the app routes on. The OpenAPI description is at `/openapi.json`. Writes (`/v1/instances/refresh`, `/precision/alarm_cleared`) are appended to
 the log as events and answered once this replica's table has folded them (read your writes),
 so every replica — and every replay — routes the same way. Every error is OpenAI-shaped.
 """
@@ -21,10 +23,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from coordinator.context import CoordinatorContext
 from coordinator.enginemetrics import install_engine_metrics
 from coordinator.errors import CoordinatorError, error_body
+from coordinator.mgmt_schema import ALARM_BODY, ERRORS, REFRESH_BODY
 from coordinator.refresh import validate_refresh
 from coordinator.routes import describe_plan
 from core.events import InstancesRefreshed, PrecisionAlarmCleared, PrecisionAlarmClearedData
 from core.ids import new_id
+from httpcore.auth import METRICS, PROBES, Access, Guard, GuardMiddleware
 
 log = logging.getLogger(__name__)
 
@@ -91,11 +95,34 @@ async def _append(ctx: CoordinatorContext, event: InstancesRefreshed | Precision
     return seq
 
 
+def _guarded(ctx: CoordinatorContext) -> tuple[Guard, Any]:
+    s = ctx.settings
+    guard = Guard(s.api_keys, s.admin_keys, admin_field="coordinator.admin_keys")
+    # Metrics stay where a Prometheus scraper reaches them without a key, unless told otherwise.
+    metrics = {METRICS, "/metrics/engines", "/instance/metrics"}
+    public = PROBES | metrics if s.public_metrics else PROBES
+    if s.api_keys and not s.admin_keys:
+        log.warning("coordinator.api_keys is set but admin_keys is empty: management refuses every request")
+
+    def access(path: str) -> Access:
+        return Access.PUBLIC if path in public else Access.ADMIN
+
+    return guard, access
+
+
 def create_mgmt_app(ctx: CoordinatorContext) -> FastAPI:
     """The management FastAPI app over one coordinator's context."""
-    app = FastAPI(title=SERVICE, version=VERSION, docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title=SERVICE, version=VERSION, docs_url=None, redoc_url=None, openapi_url="/openapi.json")
     app.state.ctx = ctx
     app.add_middleware(CatchAll)
+    guard, access = _guarded(ctx)
+    # Outermost: a request without the key never reaches a route (nor the catch-all).
+    app.add_middleware(
+        GuardMiddleware,
+        guard=guard,
+        access=access,
+        error_body=lambda st, msg, code: error_body(st, msg, None, code),
+    )
     _install_error_handlers(app)
     install_engine_metrics(app, ctx)  # /metrics/engines, /prometheus/targets (seed 002 metrics module)
 
@@ -176,10 +203,11 @@ def create_mgmt_app(ctx: CoordinatorContext) -> FastAPI:
         ctx.metrics.refreshes.labels(result="accepted").inc()
         return Response(status_code=200)
 
-    app.add_api_route("/v1/instances/refresh", refresh, methods=["POST"])
-    app.add_api_route("/instances/refresh", refresh, methods=["POST"])
+    doc = {"requestBody": REFRESH_BODY, "responses": ERRORS}
+    app.add_api_route("/v1/instances/refresh", refresh, methods=["POST"], openapi_extra=doc)
+    app.add_api_route("/instances/refresh", refresh, methods=["POST"], openapi_extra=doc)
 
-    @app.post("/precision/alarm_cleared")
+    @app.post("/precision/alarm_cleared", openapi_extra={"requestBody": ALARM_BODY, "responses": ERRORS})
     async def alarm_cleared(request: Request, ctx: Ctx) -> Response:
         """Seed 002: clear the precision alarm of a P/D group (`{d_instance_id, p_instance_id?}`)."""
         body = await _json_body(request, ctx)

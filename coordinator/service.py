@@ -121,8 +121,10 @@ def build_proxy(ctx: CoordinatorContext, *, mgmt_app: Any = None, name: str = "c
     app = ProxyApp(
         flows,
         api_keys=s.api_keys,
+        admin_keys=s.admin_keys,
         metrics=metrics,
         mgmt_app=mgmt_app,
+        mgmt_probes_only=s.mgmt_port is not None,
         limiter=_limiter(s),
         on_done=_detector(ctx),
         request_timeout=s.request_timeout,
@@ -157,12 +159,15 @@ class CoordinatorService:
         *,
         host: str | None = None,
         port: int | None = None,
+        mgmt_port: int | None = None,
         name: str = "coordinator",
     ) -> None:
         self.settings = settings
         self.nats = nats  # NatsOptions | url | list of urls
         self.host = host if host is not None else settings.host
         self.want_port = port if port is not None else settings.port
+        if mgmt_port is not None:
+            self.settings = settings.model_copy(update={"mgmt_port": mgmt_port})
         self.name = name
         self.ctx: CoordinatorContext | None = None
         self.server: ProxyServer | None = None
@@ -210,7 +215,8 @@ class CoordinatorService:
             self._lifespan = Lifespan(mgmt)
             await self._lifespan.start()
         self._proxy = build_proxy(ctx, mgmt_app=mgmt, name=self.name)
-        self.server = ProxyServer(self._proxy.app, max_body=self.settings.max_body_bytes)
+        limits = self.settings.http
+        self.server = ProxyServer(self._proxy.app, max_body=self.settings.max_body_bytes, limits=limits)
         await self.server.start(self.host, self.want_port)
         log.info("coordinator listening on http://%s:%d", self.host, self.port)
         if mgmt is not None and self.settings.mgmt_port is not None:  # seed 001: the manage port
@@ -218,7 +224,7 @@ class CoordinatorService:
 
             mp = self.settings.mgmt_port
             self.mgmt_server = await start_mgmt_server(
-                mgmt, self.host, mp, max_body=self.settings.max_body_bytes
+                mgmt, self.host, mp, max_body=self.settings.max_body_bytes, limits=limits
             )
             log.info("coordinator management API on http://%s:%d", self.host, self.mgmt_server.port)
 

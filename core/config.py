@@ -11,10 +11,11 @@ from typing import Any, Literal
 
 import orjson
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from core.errors import ConfigError
 from core.events import Role
+from core.redact import MASK, secret_name
 
 
 class _Strict(BaseModel):
@@ -27,16 +28,38 @@ class TLSConfig(_Strict):
     key_file: str | None = None
 
 
+def _check_keys(keys: list[str]) -> list[str]:
+    for k in keys:
+        if not k:
+            raise ValueError("a key must not be empty")
+        if any(c.isspace() for c in k):
+            raise ValueError("a key must not contain whitespace")
+    return keys
+
+
+def _one_of(model: BaseModel, field: str) -> None:
+    if getattr(model, field) and getattr(model, f"{field}_file") is not None:
+        raise ValueError(f"give {field} or {field}_file, not both")
+
+
 class NatsConfig(_Strict):
     urls: list[str] = Field(default_factory=lambda: ["nats://127.0.0.1:4222"])
     user: str | None = None
     password: str | None = None
+    password_file: str | None = None  # first line of the file; env MOTOR_NATS_PASSWORD wins
     token: str | None = None
+    token_file: str | None = None  # first line of the file; env MOTOR_NATS_TOKEN wins
     creds_file: str | None = None
     tls: TLSConfig | None = None
     replicas: int = Field(1, ge=1, le=5)
     max_age_days: float = Field(30, gt=0)
     embedded: bool = True  # `motor up` starts its own nats-server unless --nats-url is given
+
+    @model_validator(mode="after")
+    def _check(self) -> NatsConfig:
+        _one_of(self, "password")
+        _one_of(self, "token")
+        return self
 
 
 class HealthCheckConfig(_Strict):
@@ -176,6 +199,17 @@ class ControllerConfig(_Strict):
     restart_reset_after: float = Field(300.0, gt=0)
     restart_limit: int = Field(5, ge=2)
     failover_hold: float = Field(300.0, gt=0)
+    # Keys for the HTTP API (all but /liveness, /readiness and, if public, /metrics); none: open.
+    api_keys: list[str] = Field(default_factory=list)
+    api_keys_file: str | None = None  # one key a line; env MOTOR_CONTROLLER_API_KEYS wins
+    public_metrics: bool = True
+
+    _keys = field_validator("api_keys")(_check_keys)
+
+    @model_validator(mode="after")
+    def _check(self) -> ControllerConfig:
+        _one_of(self, "api_keys")
+        return self
 
 
 class RateLimitConfig(_Strict):
@@ -201,11 +235,31 @@ class PrecisionDetectorConfig(_Strict):
     sample_rate: float = Field(0.1, ge=0, le=1)
 
 
+class HttpLimitsConfig(_Strict):
+    """Limits of an HTTP server we write (the coordinator's ports, the builtin engine's)."""
+
+    max_request_line: int = Field(8 * 1024, ge=256)  # 414 beyond
+    max_header_bytes: int = Field(64 * 1024, ge=1024)  # 431 beyond
+    max_header_fields: int = Field(100, ge=8)  # 431 beyond
+    header_timeout: float = Field(10.0, gt=0)  # a request head must arrive within this (408)
+    idle_timeout: float = Field(60.0, gt=0)  # keep-alive: closed after this long without a request
+    max_connections: int = Field(4096, ge=1)  # 503 beyond
+
+
 class CoordinatorConfig(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)
-    mgmt_port: int | None = None  # None: management API on the same port as /v1
+    # The management API's own port (seed 001's manage port); None: served on `port`.
+    mgmt_port: int | None = Field(None, ge=1, le=65535)
+    # User keys for /v1 (any route but the probes); none: /v1 is open.
     api_keys: list[str] = Field(default_factory=list)
+    api_keys_file: str | None = None  # one key a line; env MOTOR_COORDINATOR_API_KEYS wins
+    # Keys for the management API (refresh, precision, instance views). While any key is
+    # configured, management needs one of these: a user key is not enough.
+    admin_keys: list[str] = Field(default_factory=list)
+    admin_keys_file: str | None = None  # env MOTOR_COORDINATOR_ADMIN_KEYS wins
+    public_metrics: bool = True  # False: /metrics needs an admin key
+    http: HttpLimitsConfig = HttpLimitsConfig()
     max_body_bytes: int = Field(8 * 1024 * 1024, gt=0)
     retries: int = Field(2, ge=0)
     first_token_timeout: float = Field(60.0, gt=0)  # no first byte within this -> retried elsewhere
@@ -218,6 +272,14 @@ class CoordinatorConfig(_Strict):
     # Seconds between scrapes of every engine's /metrics, re-exposed relabelled on /metrics
     # (seed 002's coordinator metrics collector; MindIE `prometheus_metrics_config.reuse_time`).
     engine_metrics_interval: float = Field(3.0, gt=0)
+
+    _keys = field_validator("api_keys", "admin_keys")(_check_keys)
+
+    @model_validator(mode="after")
+    def _check(self) -> CoordinatorConfig:
+        _one_of(self, "api_keys")
+        _one_of(self, "admin_keys")
+        return self
 
 
 class NodeAgentConfig(_Strict):
@@ -301,7 +363,8 @@ def format_validation_error(exc: ValidationError, source: str) -> str:
         got = err.get("input")
         detail = f"  {path}: {expected}"
         if err["type"] not in ("missing",) and not isinstance(got, dict):
-            detail += f" (got {got!r})"
+            secret = any(secret_name(str(p)) for p in err["loc"])
+            detail += f" (got {MASK})" if secret else f" (got {got!r})"
         lines.append(detail)
     return "\n".join(lines)
 

@@ -9,6 +9,7 @@ from typing import Any
 import orjson
 
 from core.errors import ConfigError
+from core.redact import redact
 from deploy.common import load_config_file
 from deploy.config_import import add_import
 
@@ -19,7 +20,9 @@ def register(sub: Any) -> None:
     check = csub.add_parser("check", help="validate a config file and report every bad field")
     check.add_argument("file")
     check.set_defaults(func=_check)
-    show = csub.add_parser("show", help="print the effective config (defaults filled in) as JSON")
+    show = csub.add_parser(
+        "show", help="print the effective config (defaults and secrets filled in, secrets masked) as JSON"
+    )
     show.add_argument("file", nargs="?")
     show.set_defaults(func=_show)
     add_import(csub)
@@ -42,5 +45,6 @@ def _show(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 2
-    sys.stdout.write(orjson.dumps(cfg.model_dump(mode="json"), option=orjson.OPT_INDENT_2).decode() + "\n")
+    shown = redact(cfg.model_dump(mode="json"))
+    sys.stdout.write(orjson.dumps(shown, option=orjson.OPT_INDENT_2).decode() + "\n")
     return 0

@@ -13,6 +13,7 @@ def register(sub: Any) -> None:
     p.add_argument("--nats-url", help="NATS server URL(s), comma-separated; default: the config's nats.urls")
     p.add_argument("--host", help="address to listen on (default: coordinator.host)")
     p.add_argument("--port", type=int, help="port to listen on, 0 for a free one (default: coordinator.port)")
+    p.add_argument("--mgmt-port", type=int, help="management API port (default: coordinator.mgmt_port)")
     p.add_argument("--name", default="coordinator", help="replica name (NATS client name, event source)")
     p.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
     p.set_defaults(func=_run)
@@ -35,9 +36,10 @@ def _run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 2
-    if args.port is not None and not 0 <= args.port <= 65535:
-        print(f"--port: {args.port} is not a port (0-65535)", file=sys.stderr)
-        return 2
+    for flag, value in (("--port", args.port), ("--mgmt-port", args.mgmt_port)):
+        if value is not None and not 0 <= value <= 65535:
+            print(f"{flag}: {value} is not a port (0-65535)", file=sys.stderr)
+            return 2
 
     from coordinator.service import CoordinatorService, run
     from streams.connection import NatsOptions
@@ -45,7 +47,9 @@ def _run(args: argparse.Namespace) -> int:
 
     urls = [u.strip() for u in args.nats_url.split(",") if u.strip()] if args.nats_url else None
     nats = NatsOptions.from_config(cfg.nats, urls=urls)
-    service = CoordinatorService(cfg.coordinator, nats, host=args.host, port=args.port, name=args.name)
+    service = CoordinatorService(
+        cfg.coordinator, nats, host=args.host, port=args.port, mgmt_port=args.mgmt_port, name=args.name
+    )
 
     async def main() -> None:
         stop = asyncio.Event()

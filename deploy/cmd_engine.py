@@ -10,6 +10,10 @@ import argparse
 import sys
 from typing import Any
 
+from pydantic import ValidationError
+
+from core.config import HttpLimitsConfig
+
 
 def _positive_int(text: str) -> int:
     value = int(text)
@@ -94,6 +98,12 @@ def register(sub: Any) -> None:
     )
     f.add_argument("--ft-status", choices=("healthy", "unhealthy", "dead"), default="healthy")
     f.add_argument("--precision-fault", action="store_true", help="emit NaN-like garbage text")
+    h = b.add_argument_group("HTTP limits (defaults: coordinator.http's)")
+    for name, field in HttpLimitsConfig.model_fields.items():
+        kind = int if field.annotation is int else float
+        h.add_argument(
+            f"--{name.replace('_', '-')}", type=kind, default=None, help=f"default {field.default}"
+        )
     b.add_argument("--log-level", default="INFO")
     b.set_defaults(func=_builtin)
 
@@ -120,6 +130,13 @@ def _builtin(args: argparse.Namespace) -> int:
     extra: dict[str, Any] = {}
     if args.engine_id:
         extra["engine_id"] = args.engine_id
+    given = {n: getattr(args, n) for n in HttpLimitsConfig.model_fields if getattr(args, n) is not None}
+    try:
+        extra["http"] = HttpLimitsConfig(**given)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        print(f"--{str(err['loc'][0]).replace('_', '-')}: {err['msg']}", file=sys.stderr)
+        return 2
     settings = EngineSettings(
         port=args.port,
         model=args.model,

@@ -9,6 +9,8 @@ from pathlib import Path
 
 from core.config import ClusterConfig, default_config, parse_config
 from core.errors import ConfigError
+from core.redact import redact_url
+from core.secrets import resolve_secrets
 from streams.connection import NatsOptions
 
 
@@ -21,11 +23,16 @@ def read_text(path: str, what: str = "config") -> bytes:
 
 
 def load_config_file(path: str | None, env: str | None = None) -> ClusterConfig:
-    """Read and validate a cluster config; `None` gives the embedded default.
+    """Read and validate a cluster config; `None` gives the embedded default. Secrets are
+    filled in from their files and the environment (`core.secrets`).
 
     A MindIE-Motor `user_config.json` is recognised and mapped (with its `env.json` when
     `env` is given); the fields it accepts but does not use are listed once on stderr.
     """
+    return resolve_secrets(_load(path, env), os.environ, _read_secret)
+
+
+def _load(path: str | None, env: str | None) -> ClusterConfig:
     if path is None:
         if env is not None:
             raise ConfigError(f"{env}: --env goes with a MindIE-Motor user_config.json (--config)")
@@ -41,6 +48,10 @@ def load_config_file(path: str | None, env: str | None = None) -> ClusterConfig:
     return parse_config(read_text(path), str(Path(path)))
 
 
+def _read_secret(path: str) -> str:
+    return Path(path).read_text(encoding="utf-8")
+
+
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 
 
@@ -53,8 +64,15 @@ def add_nats_args(parser: argparse.ArgumentParser) -> None:
         help="comma-separated server URLs (env MOTOR_NATS_URL; default %(default)s)",
     )
     g.add_argument("--nats-user", default=os.environ.get("MOTOR_NATS_USER"))
-    g.add_argument("--nats-password", default=os.environ.get("MOTOR_NATS_PASSWORD"))
-    g.add_argument("--nats-token", default=os.environ.get("MOTOR_NATS_TOKEN"))
+    # Secrets on a command line are visible to every user through `ps`: prefer the env.
+    g.add_argument(
+        "--nats-password",
+        default=os.environ.get("MOTOR_NATS_PASSWORD"),
+        help="prefer env MOTOR_NATS_PASSWORD",
+    )
+    g.add_argument(
+        "--nats-token", default=os.environ.get("MOTOR_NATS_TOKEN"), help="prefer env MOTOR_NATS_TOKEN"
+    )
     g.add_argument("--nats-creds", default=os.environ.get("MOTOR_NATS_CREDS"), help="NATS .creds file")
     g.add_argument("--nats-tls-ca", default=os.environ.get("MOTOR_NATS_TLS_CA"))
     g.add_argument("--nats-tls-cert", default=os.environ.get("MOTOR_NATS_TLS_CERT"))
@@ -76,7 +94,9 @@ def nats_options(args: argparse.Namespace) -> NatsOptions:
 
 
 def unreachable_hint(url: str) -> str:
+    """What to do when NATS at `url` (comma-separated URLs) does not answer; passwords masked."""
+    shown = ",".join(redact_url(u.strip()) for u in url.split(","))
     return (
-        f"cannot reach NATS at {url}: start a local cluster with `motor up`, "
+        f"cannot reach NATS at {shown}: start a local cluster with `motor up`, "
         "or point --nats-url (env MOTOR_NATS_URL) at your server"
     )

@@ -16,6 +16,7 @@ from nats.aio.client import Client
 from nats.errors import NoServersError
 
 from core.config import NatsConfig
+from core.redact import redact_url
 from streams.errors import NatsUnavailable
 
 log = logging.getLogger(__name__)
@@ -113,7 +114,7 @@ async def connect(
     """
     opts = _as_options(target)
     kwargs = opts.connect_kwargs()
-    urls = ", ".join(opts.urls)
+    urls = ", ".join(redact_url(u) for u in opts.urls)  # for messages: never a password
     connected = False
     errors: list[BaseException] = []
 
@@ -122,7 +123,7 @@ async def connect(
             log.warning("%s: disconnected from NATS, reconnecting", name)
 
     async def on_reconnect() -> None:
-        url = nc.connected_url.geturl() if nc.connected_url else "?"
+        url = redact_url(nc.connected_url.geturl()) if nc.connected_url else "?"
         log.warning("%s: reconnected to NATS at %s", name, url)
 
     async def on_error(exc: Exception) -> None:

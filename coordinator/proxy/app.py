@@ -1,5 +1,13 @@
-"""The /v1 hot path: checks a request (size, key, rate, JSON, model), picks a plan, hands it to
-the flows; every other path goes to the management app in-process.
+"""The /v1 hot path: checks a request (size, key, rate, JSON, model, max_tokens), picks a
+plan, hands it to the flows; every other path goes to the management app in-process (which
+checks admin keys itself), or, when management has its own port, only the probes do.
+
+Routing and key checks both use the request's normalised path (`Request.path`). Errors on
+`/v1/messages` are Anthropic-shaped, every other one OpenAI-shaped.
+
+Request ids: the coordinator always makes its own (the engines' request ids and SGLang
+bootstrap rooms derive from it); a client's `x-request-id` is echoed back and logged, never
+sent on, so two clients cannot collide on purpose.
 
 Budget: the client's body is parsed once (orjson) for routing and, on a single hop, sent to
 the engine as the very bytes the client sent.
@@ -9,18 +17,21 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import os
 import time
 from typing import Any, Protocol
 
 import orjson
 
-from coordinator.errors import CoordinatorError, error_body
+from coordinator.errors import CoordinatorError, anthropic_error_body, error_body
+from coordinator.model_limits import ModelLimits
 from coordinator.proxy.asgi import serve_asgi
-from coordinator.proxy.call import Call
+from coordinator.proxy.call import Call, client_request_id
 from coordinator.proxy.flows import Flows
 from coordinator.proxy.native import NativeRoutes, handles
 from coordinator.proxy.server import ClientConn, Request
+from httpcore.auth import AUTHENTICATE, PROBES, Access, Guard
 
 CHAT = b"/v1/chat/completions"
 COMPLETIONS = b"/v1/completions"
@@ -28,6 +39,16 @@ EMBEDDINGS = b"/v1/embeddings"
 MESSAGES = b"/v1/messages"
 COUNT_TOKENS = b"/v1/messages/count_tokens"
 MODELS = b"/v1/models"
+_ANTHROPIC = frozenset({MESSAGES, COUNT_TOKENS})
+_PROBES = frozenset(p.encode() for p in PROBES)
+# Output budgets a body may carry, per route.
+_BUDGETS = {
+    "chat": ("max_tokens", "max_completion_tokens"),
+    "completions": ("max_tokens",),
+    "messages": ("max_tokens",),
+}
+
+log = logging.getLogger(__name__)
 
 _SWEEP = 1.0  # seconds between request-timeout sweeps
 
@@ -68,18 +89,22 @@ class ProxyApp:
         flows: Flows,
         *,
         api_keys: list[str] | tuple[str, ...] = (),
+        admin_keys: list[str] | tuple[str, ...] = (),
         metrics: Any = None,
         mgmt_app: Any = None,
+        mgmt_probes_only: bool = False,
         limiter: Limiter | None = None,
         on_done: Any = None,
         request_timeout: float | None = None,
     ) -> None:
         self.flows = flows
         self.table = flows.table
-        self.keys = frozenset(b"Bearer " + k.encode() for k in api_keys)
-        self.raw_keys = frozenset(k.encode() for k in api_keys)
+        self.guard = Guard(api_keys, admin_keys, admin_field="coordinator.admin_keys")
+        self.max_tokens = ModelLimits(self.table)
         self.metrics = metrics
         self.mgmt = mgmt_app
+        # With management on its own port, this port hands the management app only the probes.
+        self.mgmt_probes_only = mgmt_probes_only
         self.limiter = limiter
         self.on_done = on_done  # called with each finished Call (precision detector hook)
         self.request_timeout = request_timeout
@@ -98,7 +123,7 @@ class ProxyApp:
         gen = _GENERATION.get(path)
         if gen is not None:
             if req.method != b"POST":
-                self._error(conn, req, 405, f"{path.decode()} takes POST")
+                self._error(conn, req, 405, f"{path.decode()} takes POST", "method_not_allowed")
                 return
             await self._generate(conn, req, gen[0], gen[1])
             return
@@ -106,29 +131,27 @@ class ProxyApp:
             await self.native(conn, req)
             return
         if path in (MODELS, COUNT_TOKENS):
-            if not self._authorized(req):
-                self._error(conn, req, 401, "missing or wrong API key", "invalid_api_key")
-            elif path == MODELS:
+            if self._denied(conn, req):
+                return
+            if path == MODELS:
                 self._models(conn, req)
             else:
                 self._count_tokens(conn, req)
             return
-        if self.mgmt is not None:
-            if path.startswith(b"/v1/") and not self._authorized(req):
-                self._error(conn, req, 401, "missing or wrong API key", "invalid_api_key")
-                return
+        if self.mgmt is not None and (not self.mgmt_probes_only or path in _PROBES):
             await serve_asgi(self.mgmt, conn, req)
             return
-        self._error(conn, req, 404, f"no route for {path.decode('latin-1')}")
+        self._error(conn, req, 404, f"no route for {path.decode('latin-1')}", "not_found")
 
     # ------------------------------------------------------------------ generation
 
     async def _generate(self, conn: ClientConn, req: Request, route: str, engine_path: bytes) -> None:
-        if req.too_large:
-            self._error(conn, req, 413, f"request body over the limit of {conn.max_body} bytes")
+        if self._denied(conn, req):
             return
-        if not self._authorized(req):
-            self._error(conn, req, 401, "missing or wrong API key", "invalid_api_key")
+        if req.too_large:
+            self._error(
+                conn, req, 413, f"request body over the limit of {conn.max_body} bytes", "body_too_large"
+            )
             return
         limiter = self.limiter
         if limiter is not None:
@@ -176,13 +199,16 @@ class ProxyApp:
         if stream is not None and not isinstance(stream, bool):
             self._error(conn, req, 400, "stream must be a boolean", "invalid_stream")
             return
+        bad = self._budget(route, body, model)
+        if bad is not None:
+            self._error(conn, req, 400, bad, "invalid_max_tokens")
+            return
         plan = self.table.plan(model)
         if plan.kind == "none":
             self._error(conn, req, 503, plan.reason or "no routable instance", "no_routable_instance")
             return
-        rid = req.headers.get(b"x-request-id")
-        root = rid.decode("latin-1") if rid else self._next_id()
-        call = Call(conn, req, route, engine_path, body, raw, root)
+        root = req.rid = self._next_id()
+        call = Call(conn, req, route, engine_path, body, raw, root, client_request_id(req.headers))
         call.anthropic = anthropic
         task = self._deadline(call) if self.request_timeout is not None else None
         try:
@@ -196,11 +222,15 @@ class ProxyApp:
             # way out (never reused after a cut); answer if nothing was sent yet.
             self._expired.discard(task)
             task.uncancel()
+            log.warning(
+                "request %s timed out after the request timeout of %g s%s",
+                call.tag, self.request_timeout, "" if call.committed else ", before any answer",
+            )  # fmt: skip
             if call.committed:
                 conn.close()
             else:
                 msg = f"no complete answer within the request timeout of {self.request_timeout:g} s"
-                self._error(conn, req, 504, msg, "request_timeout")
+                self._error(conn, req, 504, msg, "request_timeout", [(b"x-request-id", call.root_b)])
             call.status = 504
         finally:
             if task is not None:
@@ -233,6 +263,20 @@ class ProxyApp:
     def _next_id(self) -> str:
         return self._id_prefix + format(next(self._id_counter), "010x")
 
+    def _budget(self, route: str, body: dict[str, Any], model: str | None) -> str | None:
+        """Why the body's output budget is refused (a message naming the field), or None."""
+        for field in _BUDGETS.get(route, ()):
+            value = body.get(field)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                return f"{field}: must be an integer >= 1, got {value!r}"[:300]
+            limit = self.max_tokens.get(model)
+            if limit is not None and value > limit:
+                what = f"model {model!r}" if model is not None else "any model served here"
+                return f"{field}: {value} is over the limit of {limit} tokens of {what}"
+        return None
+
     def _observe(self, call: Call) -> None:
         if self.metrics is not None:
             self.metrics.stats.observe(call.route, call.status, time.perf_counter() - call.t0, call.ttft)
@@ -260,14 +304,16 @@ class ProxyApp:
 
     # ------------------------------------------------------------------ helpers
 
-    def _authorized(self, req: Request) -> bool:
-        if not self.keys:
-            return True
-        auth = req.headers.get(b"authorization")
-        if auth is not None and auth in self.keys:
-            return True
-        key = req.headers.get(b"x-api-key")  # the Anthropic SDK's header
-        return key is not None and key in self.raw_keys
+    def _denied(self, conn: ClientConn, req: Request) -> bool:
+        """Answer 401/403 and return True unless the request carries a key for a user route."""
+        if not self.guard.enabled:
+            return False
+        denial = self.guard.check(Access.USER, req.headers.get)
+        if denial is None:
+            return False
+        extra = [AUTHENTICATE] if denial.status == 401 else None
+        self._error(conn, req, denial.status, denial.message, denial.code, extra)
+        return True
 
     def _error(
         self,
@@ -278,7 +324,11 @@ class ProxyApp:
         code: str | None = None,
         extra: list[tuple[bytes, bytes]] | None = None,
     ) -> None:
-        conn.send(req, status, error_body(status, message, None, code), extra=extra)
+        if req.path in _ANTHROPIC:
+            body = anthropic_error_body(status, message)
+        else:
+            body = error_body(status, message, None, code)
+        conn.send(req, status, body, extra=extra)
         if self.metrics is not None:
             route = _GENERATION.get(req.path, ("other", b""))[0]
             self.metrics.stats.count(route, status)

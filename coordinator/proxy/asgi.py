@@ -17,16 +17,18 @@ ASGIApp = Any
 
 
 async def serve_asgi(app: ASGIApp, conn: ClientConn, req: Request) -> None:
-    """Run one request through `app` and write its response to `conn`."""
-    path = req.path.decode("latin-1")
+    """Run one request through `app` and write its response to `conn`.
+
+    The app sees the request's normalised path: the one the proxy's checks saw.
+    """
     scope: dict[str, Any] = {
         "type": "http",
         "asgi": {"version": "3.0", "spec_version": "2.3"},
         "http_version": "1.1",
         "method": req.method.decode("ascii"),
         "scheme": "http",
-        "path": _unquote(path),
-        "raw_path": req.path,
+        "path": req.path.decode("latin-1"),
+        "raw_path": req.raw_path,
         "query_string": req.query,
         "root_path": "",
         "headers": list(req.headers.items()),
@@ -69,14 +71,6 @@ async def serve_asgi(app: ASGIApp, conn: ClientConn, req: Request) -> None:
     conn.write(
         http1.build_head(status, kept, content_length=len(payload), keep_alive=req.keep_alive) + payload
     )
-
-
-def _unquote(path: str) -> str:
-    if "%" not in path:
-        return path
-    from urllib.parse import unquote
-
-    return unquote(path)
 
 
 class Lifespan:

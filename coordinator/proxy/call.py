@@ -1,7 +1,8 @@
 """One client request in flight: what the flows share, and how its bytes reach the client.
 
-`Call` carries the parsed body, the root request id, the endpoints tried, and whether the
-response is committed (head written: from then on a failure cannot become a clean retry).
+`Call` carries the parsed body, the root request id (always the coordinator's own), the
+client's `x-request-id` (echoed, logged, never sent to an engine), the endpoints tried, and
+whether the response is committed (head written: from then on a failure cannot become a clean retry).
 A `Sink` turns an engine's decoded body into client bytes when the proxy cannot pass the
 bytes through untouched (Anthropic translation, a continued stream).
 """
@@ -17,6 +18,26 @@ from coordinator.proxy import http1
 from coordinator.proxy.resume import Progress, StreamSplicer
 from coordinator.proxy.server import ClientConn, Request
 from coordinator.table import Endpoint
+
+# Body fields that steer an engine's identity or P/D transfer: only the coordinator sets them
+# (a client's `rid` would pick the engine's request id; its `kv_transfer_params` or
+# `bootstrap_host` would send an engine to fetch KV from a host of the client's choice).
+RESERVED = frozenset(
+    {"rid", "request_id", "bootstrap_host", "bootstrap_port", "bootstrap_room", "kv_transfer_params"}
+)
+
+# What a client's x-request-id may be to be echoed: one short token of visible ASCII.
+_MAX_CLIENT_ID = 128
+
+
+def client_request_id(headers: dict[bytes, bytes]) -> str | None:
+    """The client's `x-request-id` when it is fit to echo in a header and a log line, else None."""
+    raw = headers.get(b"x-request-id")
+    if raw is None or not 0 < len(raw) <= _MAX_CLIENT_ID:
+        return None
+    if not all(0x21 <= c <= 0x7E for c in raw):
+        return None
+    return raw.decode("ascii")
 
 
 class Retry(Exception):
@@ -111,6 +132,7 @@ class Call:
         "anthropic",
         "attempts",
         "body",
+        "client_id",
         "committed",
         "conn",
         "exclude",
@@ -143,6 +165,7 @@ class Call:
         body: dict[str, Any],
         raw: bytes,
         root: str,
+        client_id: str | None = None,
     ) -> None:
         self.conn = conn
         self.req = req
@@ -154,8 +177,10 @@ class Call:
         model = body.get("model")
         self.model: str | None = model if isinstance(model, str) else None
         self.stream = body.get("stream") is True
-        self.root = root
-        self.root_b = root.encode()
+        self.root = root  # the coordinator's id: engine request ids and bootstrap rooms derive from it
+        self.client_id = client_id
+        # What the response's x-request-id says: the client's own id when it sent one.
+        self.root_b = (client_id or root).encode()
         self.exclude: set[str] = set()
         self.committed = False
         self.status = 0
@@ -169,6 +194,11 @@ class Call:
         self.resp_body: list[bytes] | None = None  # that response's decoded body (detector)
         self.attempts = 0  # engine attempts so far, continuations included (request ids stay unique)
         self.resuming: str | None = None  # the endpoint a stream broke on, until it goes on elsewhere
+
+    @property
+    def tag(self) -> str:
+        """How log lines name this request: our id, and the client's when it sent one."""
+        return self.root if self.client_id is None else f"{self.root} (x-request-id {self.client_id})"
 
     def request_id(self, attempt: int) -> str:
         """The engine request id of one attempt: `{root}#a{attempt}`."""

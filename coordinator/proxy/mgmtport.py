@@ -3,7 +3,7 @@
 With `coordinator.mgmt_port` set, the management app is served on its own listener too,
 so a controller or an operator tool reaches probes, metrics, refresh and alarm clearing
 there, apart from the client traffic on `coordinator.port`. The `/v1` generation routes are
-not on it.
+not on it; the management app checks admin keys itself (`coordinator.mgmt`).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from typing import Any
 
 from coordinator.proxy.asgi import serve_asgi
 from coordinator.proxy.server import ClientConn, ProxyServer, Request
+from core.config import HttpLimitsConfig
 
 
 class MgmtOnly:
@@ -24,8 +25,10 @@ class MgmtOnly:
         await serve_asgi(self.mgmt, conn, req)
 
 
-async def start_mgmt_server(mgmt_app: Any, host: str, port: int, *, max_body: int) -> ProxyServer:
-    """Listen on the management port; the caller stops the server."""
-    server = ProxyServer(MgmtOnly(mgmt_app), max_body=max_body)
+async def start_mgmt_server(
+    mgmt_app: Any, host: str, port: int, *, max_body: int, limits: HttpLimitsConfig | None = None
+) -> ProxyServer:
+    """Listen on the management port (within the HTTP `limits`); the caller stops the server."""
+    server = ProxyServer(MgmtOnly(mgmt_app), max_body=max_body, limits=limits)
     await server.start(host, port)
     return server

@@ -19,7 +19,7 @@ import orjson
 from coordinator.adapters import sglang
 from coordinator.endpoint import Endpoint, Plan
 from coordinator.policies import RequestInfo
-from coordinator.proxy.call import Call, Retry
+from coordinator.proxy.call import RESERVED, Call, Retry, client_request_id
 from coordinator.proxy.server import ClientConn, Request
 from core.events import Role
 
@@ -91,8 +91,7 @@ class NativeRoutes:
 
     async def __call__(self, conn: ClientConn, req: Request) -> None:
         app = self.app
-        if not app._authorized(req):
-            app._error(conn, req, 401, "missing or wrong API key", "invalid_api_key")
+        if app._denied(conn, req):
             return
         if req.path.startswith(MODEL_PREFIX):
             self._model(conn, req)
@@ -147,10 +146,12 @@ class NativeRoutes:
         if plan.kind == "none":
             self._unserved(conn, req, route, path, model)
             return
-        rid = req.headers.get(b"x-request-id")
-        call = Call(
-            conn, req, route.name, req.path, body, req.body, rid.decode("latin-1") if rid else app._next_id()
-        )
+        raw = req.body
+        if not RESERVED.isdisjoint(body):  # engine ids and P/D peers are the coordinator's to set
+            body = {k: v for k, v in body.items() if k not in RESERVED}
+            raw = orjson.dumps(body)
+        root = req.rid = app._next_id()
+        call = Call(conn, req, route.name, req.path, body, raw, root, client_request_id(req.headers))
         task = app._deadline(call) if app.request_timeout is not None else None
         try:
             if plan.kind == "pd":

@@ -2,7 +2,9 @@
 
 Requests on one connection are answered in order (pipelining); each runs as one task of the
 handler. A client that goes away cancels its task, which closes the engine connections it
-uses (an engine stops generating when its client disconnects) and never reuses them.
+uses (an engine stops generating when its client disconnects) and never reuses them. Heads
+are read within `coordinator.http` limits (`httpcore`); a handler that raises gets its
+request answered 500 and the connection keeps serving.
 """
 
 from __future__ import annotations
@@ -14,9 +16,11 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import httptools
-
+from coordinator.errors import error_body
 from coordinator.proxy import http1
+from core.config import HttpLimitsConfig
+from httpcore.auth import normalize_path
+from httpcore.conn import LimitedProtocol, Watchdog
 
 log = logging.getLogger(__name__)
 
@@ -24,9 +28,24 @@ _MAX_PIPELINED = 32
 
 
 class Request:
-    """One parsed request; header names are lower-case bytes."""
+    """One parsed request; header names are lower-case bytes.
 
-    __slots__ = ("body", "headers", "keep_alive", "method", "path", "query", "too_large", "url")
+    `path` is the request target's path percent-decoded and normalised (`httpcore.auth`): the
+    path every check and every route of the coordinator sees. `raw_path` is as sent.
+    """
+
+    __slots__ = (
+        "body",
+        "headers",
+        "keep_alive",
+        "method",
+        "path",
+        "query",
+        "raw_path",
+        "rid",
+        "too_large",
+        "url",
+    )
 
     def __init__(
         self,
@@ -40,37 +59,42 @@ class Request:
         self.method = method
         self.url = url
         q = url.find(b"?")
-        self.path = url if q < 0 else url[:q]
+        self.raw_path = url if q < 0 else url[:q]
+        self.path = _normal(self.raw_path)
         self.query = b"" if q < 0 else url[q + 1 :]
         self.headers = headers
         self.body = body
         self.keep_alive = keep_alive
         self.too_large = too_large
+        self.rid: str | None = None  # the request id the handler gave it, for log lines
+
+
+def _normal(raw: bytes) -> bytes:
+    # The hot paths are already normal: skip the work for them.
+    if b"%" not in raw and b"//" not in raw and b"/." not in raw and raw.startswith(b"/"):
+        return raw if len(raw) == 1 or not raw.endswith(b"/") else raw.rstrip(b"/") or b"/"
+    return normalize_path(raw.decode("latin-1")).encode("latin-1", "replace")
 
 
 Handler = Callable[["ClientConn", Request], Awaitable[None]]
 
 
-class ClientConn(asyncio.Protocol):
+class ClientConn(LimitedProtocol):
     """One client connection."""
 
-    def __init__(self, handler: Handler, max_body: int, conns: set[ClientConn]) -> None:
+    def __init__(self, handler: Handler, max_body: int, watchdog: Watchdog) -> None:
+        super().__init__(watchdog)
         self.handler = handler
         self.max_body = max_body
-        self.conns = conns
-        self.loop = asyncio.get_running_loop()
-        self.transport: asyncio.Transport | None = None
-        self.parser = httptools.HttpRequestParser(self)
         self.queue: deque[Request] = deque()
         self.task: asyncio.Task[None] | None = None
-        self.closed = False
         self.paused_reading = False
         self.write_paused = False
         self.drain_waiter: asyncio.Future[None] | None = None
         self.upstream: Any = None  # the engine connection whose bytes go to this client now
         self.peer: Any = None
         self.sockname: Any = None
-        self._url = b""
+        self.writes = 0  # transport writes so far: tells whether a failed request got any byte
         self._headers: dict[bytes, bytes] = {}
         self._body: list[bytes] = []
         self._body_len = 0
@@ -79,28 +103,12 @@ class ClientConn(asyncio.Protocol):
     # ------------------------------------------------------------------ transport
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]  # uvloop's is not a subclass
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            try:
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            except OSError:
-                pass
         self.peer = transport.get_extra_info("peername")
         self.sockname = transport.get_extra_info("sockname")
-        self.conns.add(self)
-
-    def data_received(self, data: bytes) -> None:
-        try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            self._reject(400, "protocol upgrades are not supported")
-        except httptools.HttpParserError as exc:
-            self._reject(400, f"malformed HTTP request: {exc}")
+        super().connection_made(transport)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
-        self.conns.discard(self)
+        super().connection_lost(exc)
         if self.task is not None and not self.task.done():
             self.task.cancel()
         up = self.upstream
@@ -123,36 +131,33 @@ class ClientConn(asyncio.Protocol):
         if self.drain_waiter is not None and not self.drain_waiter.done():
             self.drain_waiter.set_result(None)
 
+    def error_response(self, status: int, message: str, code: str) -> bytes:
+        return http1.simple_response(status, error_body(status, message, None, code), keep_alive=False)
+
     # ------------------------------------------------------------------ parser callbacks
 
     def on_message_begin(self) -> None:
-        self._url = b""
+        super().on_message_begin()
         self._headers = {}
         self._body = []
         self._body_len = 0
         self._too_large = False
 
-    def on_url(self, url: bytes) -> None:
-        self._url += url
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        name = name.lower()
-        old = self._headers.get(name)
-        self._headers[name] = value if old is None else old + b", " + value
-
-    def on_headers_complete(self) -> None:
-        cl = self._headers.get(b"content-length")
+    def headers_done(self, headers: dict[bytes, bytes]) -> None:
+        self._headers = headers
+        cl = headers.get(b"content-length")
         if cl is not None and cl.isdigit() and int(cl) > self.max_body:
             self._too_large = True
-        expect = self._headers.get(b"expect")
+        expect = headers.get(b"expect")
         if expect is not None and expect.lower() == b"100-continue" and self.transport is not None:
             if self._too_large:
                 # Refuse before the client sends the body; it may not send it at all.
-                self._reject(413, f"request body over the limit of {self.max_body} bytes")
+                self.reject(413, f"request body over the limit of {self.max_body} bytes", "body_too_large")
             elif not self.queue and self.task is None:
                 self.transport.write(http1.CONTINUE_100)
 
     def on_body(self, body: bytes) -> None:
+        super().on_body(body)
         if self._too_large:
             return
         self._body_len += len(body)
@@ -163,10 +168,11 @@ class ClientConn(asyncio.Protocol):
         self._body.append(body)
 
     def on_message_complete(self) -> None:
+        super().on_message_complete()
         body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
         req = Request(
             self.parser.get_method(),
-            self._url,
+            self.head.url,
             self._headers,
             body,
             self.parser.should_keep_alive(),
@@ -188,32 +194,48 @@ class ClientConn(asyncio.Protocol):
             if self.paused_reading and self.transport is not None and not self.closed:
                 self.paused_reading = False
                 self.transport.resume_reading()
+            self.request_served()
             return
         req = self.queue.popleft()
         self.task = self.loop.create_task(self._run(req))
 
     async def _run(self, req: Request) -> None:
+        before = self.writes
         try:
             await self.handler(self, req)
         except asyncio.CancelledError:
             return
-        except Exception:
-            log.exception("unhandled error serving %s %s", req.method, req.path)
-            if not self.closed:
-                # Whatever was written, the connection is no longer in a known state.
-                self.close()
-            return
+        except Exception as exc:
+            self.on_handler_error(req, exc, answered=self.writes != before)
+            if self.closed:
+                return
         if not req.keep_alive:
             self.close()
             return
         self.task = None
         self._next()
 
+    def on_handler_error(self, req: Request, exc: Exception, *, answered: bool) -> None:
+        """A handler raised: answer 500 if nothing was written yet, else close; log one line."""
+        self.watchdog.rejected(500, "internal_error")
+        log.error(
+            "request %s (%s %s) failed: %s: %s",
+            req.rid or "-", req.method.decode("latin-1"), req.raw_path.decode("latin-1")[:200],
+            type(exc).__name__, exc, exc_info=exc,
+        )  # fmt: skip
+        if answered:
+            # Whatever was written, the response is no longer in a known state.
+            self.close()
+            return
+        body = error_body(500, f"internal error ({type(exc).__name__}); request {req.rid or '-'}")
+        self.send(req, 500, body, extra=[(b"x-request-id", req.rid.encode())] if req.rid else None)
+
     # ------------------------------------------------------------------ writing
 
     def write(self, data: bytes) -> None:
         """Write raw bytes to the client (dropped when it is gone)."""
         if not self.closed and self.transport is not None:
+            self.writes += 1
             self.transport.write(data)
 
     async def drain(self) -> None:
@@ -238,36 +260,30 @@ class ClientConn(asyncio.Protocol):
             )
         )
 
-    def close(self) -> None:
-        """Close the connection after what was written is flushed."""
-        if not self.closed and self.transport is not None:
-            self.closed = True
-            self.transport.close()
-
-    def _reject(self, status: int, message: str) -> None:
-        from coordinator.errors import error_body
-
-        self.write(http1.simple_response(status, error_body(status, message), keep_alive=False))
-        self.close()
-        if self.transport is not None:
-            self.transport.pause_reading()
-
 
 class ProxyServer:
-    """Owns the listening socket and the set of open client connections."""
+    """Owns the listening socket, its connections' watchdog (cap, timeouts) and the handler."""
 
-    def __init__(self, handler: Handler, *, max_body: int) -> None:
+    def __init__(self, handler: Handler, *, max_body: int, limits: HttpLimitsConfig | None = None) -> None:
         self.handler = handler
         self.max_body = max_body
-        self.conns: set[ClientConn] = set()
+        self.limits = limits or HttpLimitsConfig()
+        self.watchdog: Watchdog | None = None
         self.server: asyncio.Server | None = None
+
+    @property
+    def conns(self) -> set[LimitedProtocol]:
+        """The open client connections."""
+        return self.watchdog.conns if self.watchdog is not None else set()
 
     async def start(self, host: str, port: int, *, sock: socket.socket | None = None) -> None:
         """Listen on host:port (port 0 picks a free one)."""
         loop = asyncio.get_running_loop()
+        # A client connection may hold an engine connection too: two descriptors each.
+        watchdog = self.watchdog = Watchdog(self.limits, loop, fds_per_conn=2)
 
         def factory() -> ClientConn:
-            return ClientConn(self.handler, self.max_body, self.conns)
+            return ClientConn(self.handler, self.max_body, watchdog)
 
         if sock is not None:
             self.server = await loop.create_server(factory, sock=sock, backlog=2048)
@@ -283,9 +299,7 @@ class ProxyServer:
         """Stop listening and close every client connection."""
         if self.server is not None:
             self.server.close()
-        for c in list(self.conns):
-            c.close()
-            if c.transport is not None:
-                c.transport.abort()
+        if self.watchdog is not None:
+            self.watchdog.close_all()
         if self.server is not None:
             await self.server.wait_closed()

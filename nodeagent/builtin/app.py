@@ -36,12 +36,13 @@ from nodeagent.builtin.tokenizer import count_tokens
 log = logging.getLogger(__name__)
 
 VERSION = "0.1.0-builtin"
+MAX_EMBEDDING_DIM = 8192
 
 
 def _on_error(exc: BaseException) -> Response:
+    # The server logs every 5xx with the request's id.
     if isinstance(exc, ApiError):
         return Response(exc.status, exc.body())
-    log.exception("unhandled error in a handler", exc_info=exc)
     return Response(500, ApiError(500, f"internal error: {type(exc).__name__}: {exc}").body())
 
 
@@ -129,6 +130,11 @@ class BuiltinEngine:
         dims = body.get("dimensions")
         if dims is not None and (not isinstance(dims, int) or isinstance(dims, bool) or dims < 1):
             raise ApiError(400, "dimensions must be a positive integer", param="dimensions")
+        if dims is not None and dims > MAX_EMBEDDING_DIM:
+            # A vector is built and serialised whole: an unbounded size is a memory bomb.
+            raise ApiError(
+                400, f"dimensions must be at most {MAX_EMBEDDING_DIM}, got {dims}", param="dimensions"
+            )
         dim = dims or self.settings.embedding_dim
         data, tokens = [], 0
         for i, item in enumerate(inputs):
@@ -314,9 +320,11 @@ class BuiltinEngine:
     async def start(self) -> None:
         """Bind the business port (and the bootstrap port of a prefill engine)."""
         s = self.settings
-        self._servers.append(await start_server(self.routes(), s.host, s.port, _on_error))
+        self._servers.append(await start_server(self.routes(), s.host, s.port, _on_error, limits=s.http))
         if s.bootstrap_port is not None:
-            self._servers.append(await start_server(self.rooms.routes(), s.host, s.bootstrap_port, _on_error))
+            self._servers.append(
+                await start_server(self.rooms.routes(), s.host, s.bootstrap_port, _on_error, limits=s.http)
+            )
         log.info(
             "builtin engine %s (%s, %s) serving %s on %s:%d%s",
             s.engine_id, s.role, "fast" if s.fast else "timed", s.model, s.host, s.port,

@@ -94,7 +94,7 @@ class Engine:
                 f"This model's maximum context length is {s.max_model_len} tokens. However, you requested "
                 f"{n + max(max_tokens, 1)} tokens ({n} in the messages, {max(max_tokens, 1)} in the completion). "
                 "Please reduce the length of the messages or completion.",
-                param="max_tokens" if g.max_tokens is not None else "messages",
+                param=g.max_tokens_field if g.max_tokens is not None else "messages",
             )
         if g.sampling.min_tokens > max_tokens:
             raise ApiError(

@@ -4,22 +4,25 @@ Handlers return a `Response` directly when they can answer without waiting (no t
 created then), or an awaitable of one. Responses on a connection are written in request
 order, so pipelining is safe; streamed bodies use chunked encoding and respect transport
 back-pressure. When the client goes away, the running handler is cancelled so the engine
-can release what the request held.
+can release what the request held. Heads are read within the engine's HTTP limits
+(`httpcore`: sizes, header and idle timeouts, the connection cap).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import socket
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from http import HTTPStatus
-from typing import Any, cast
+from typing import Any
 
-import httptools
 import orjson
+
+from core.config import HttpLimitsConfig
+from httpcore.conn import LimitedProtocol, Watchdog
+from httpcore.head import LimitExceeded
 
 log = logging.getLogger(__name__)
 
@@ -120,12 +123,19 @@ class Router:
         return 404
 
 
+_ERROR_TYPES = {
+    404: "NotFoundError",
+    405: "MethodNotAllowed",
+    408: "RequestTimeout",
+    413: "PayloadTooLarge",
+    414: "URITooLong",
+    431: "RequestHeaderFieldsTooLarge",
+    503: "ServiceUnavailable",
+}
+
+
 def _error_body(status: int, message: str) -> bytes:
-    kind = {404: "NotFoundError", 405: "MethodNotAllowed", 413: "PayloadTooLarge"}.get(
-        status, "BadRequestError"
-    )
-    if status >= 500:
-        kind = "InternalServerError"
+    kind = _ERROR_TYPES.get(status) or ("InternalServerError" if status >= 500 else "BadRequestError")
     return orjson.dumps({"error": {"message": message, "type": kind, "param": None, "code": status}})
 
 
@@ -153,37 +163,28 @@ def _head(
     return head + b"\r\n"
 
 
-class HttpProtocol(asyncio.Protocol):
-    """One client connection."""
+class HttpProtocol(LimitedProtocol):
+    """One client connection (heads read within the server's limits: `httpcore`)."""
 
-    def __init__(self, router: Router, on_error: Callable[[BaseException], Response] | None = None) -> None:
+    def __init__(
+        self, router: Router, watchdog: Watchdog, on_error: Callable[[BaseException], Response] | None = None
+    ) -> None:
+        super().__init__(watchdog)
         self._router = router
         self._on_error = on_error
-        self._parser = httptools.HttpRequestParser(self)
-        self._transport: asyncio.Transport | None = None
-        self._url = b""
         self._headers: dict[bytes, bytes] = {}
         self._body: list[bytes] = []
         self._body_len = 0
         self._pending: deque[Request] = deque()
         self._task: asyncio.Task[None] | None = None
         self._busy = False
-        self._closed = False
         self._reading_paused = False
         self._writable: asyncio.Future[None] | None = None
 
     # ------------------------------------------------------------------ transport callbacks
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # uvloop's transports are not asyncio.Transport subclasses, but have its methods.
-        self._transport = cast(asyncio.Transport, transport)
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
     def connection_lost(self, exc: Exception | None) -> None:
-        self._closed = True
+        super().connection_lost(exc)
         self._pending.clear()
         if self._task is not None and not self._task.done():
             self._task.cancel()
@@ -198,49 +199,42 @@ class HttpProtocol(asyncio.Protocol):
         if self._writable is not None and not self._writable.done():
             self._writable.set_result(None)
 
-    def data_received(self, data: bytes) -> None:
-        try:
-            self._parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            self._fail(400, "protocol upgrades are not supported")
-        except httptools.HttpParserError as exc:
-            self._fail(400, f"malformed HTTP request: {exc}")
+    def error_response(self, status: int, message: str, code: str) -> bytes:
+        body = _error_body(status, message)
+        return _head(status, "application/json", len(body), False, ()) + body
 
     # ------------------------------------------------------------------ parser callbacks
 
     def on_message_begin(self) -> None:
-        self._url = b""
+        super().on_message_begin()
         self._headers = {}
         self._body = []
         self._body_len = 0
 
-    def on_url(self, url: bytes) -> None:
-        self._url += url
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self._headers[name.lower()] = value
-
-    def on_headers_complete(self) -> None:
+    def headers_done(self, headers: dict[bytes, bytes]) -> None:
+        self._headers = headers
         # curl sends `Expect: 100-continue` for larger bodies and waits for this line.
-        if self._headers.get(b"expect", b"").lower() == b"100-continue" and self._transport is not None:
-            self._transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        if headers.get(b"expect", b"").lower() == b"100-continue" and self.transport is not None:
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
 
     def on_body(self, body: bytes) -> None:
+        super().on_body(body)
         self._body_len += len(body)
         if self._body_len > _MAX_BODY:
-            raise httptools.HttpParserError("request body too large")
+            raise LimitExceeded(413, f"request body over the limit of {_MAX_BODY} bytes", "body_too_large")
         self._body.append(body)
 
     def on_message_complete(self) -> None:
-        url = self._url.decode("latin-1")
+        super().on_message_complete()
+        url = self.head.url.decode("latin-1")
         path, _, query = url.partition("?")
         body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
-        method = self._parser.get_method().decode("latin-1")
-        req = Request(method, path, query, self._headers, body, self._parser.should_keep_alive())
+        method = self.parser.get_method().decode("latin-1")
+        req = Request(method, path, query, self._headers, body, self.parser.should_keep_alive())
         if self._busy:
             self._pending.append(req)
-            if len(self._pending) > _MAX_PIPELINED and self._transport is not None:
-                self._transport.pause_reading()
+            if len(self._pending) > _MAX_PIPELINED and self.transport is not None:
+                self.transport.pause_reading()
                 self._reading_paused = True
         else:
             self._dispatch(req)
@@ -252,7 +246,10 @@ class HttpProtocol(asyncio.Protocol):
             result = self._call(req)
             if isinstance(result, Response) and result.stream is None:
                 self._write_whole(req, result)
-                if self._closed or not req.keep_alive or not self._pending:
+                if self.closed or not req.keep_alive:
+                    return
+                if not self._pending:
+                    self.request_served()
                     return
                 req = self._pending.popleft()
                 continue
@@ -270,13 +267,21 @@ class HttpProtocol(asyncio.Protocol):
         try:
             return handler(req)
         except Exception as exc:
-            return self._error(exc)
+            return self._error(req, exc)
 
-    def _error(self, exc: BaseException) -> Response:
+    def _error(self, req: Request, exc: BaseException) -> Response:
         if self._on_error is not None:
-            return self._on_error(exc)
-        log.exception("handler failed", exc_info=exc)
-        return Response(500, _error_body(500, "internal error"))
+            resp = self._on_error(exc)
+            if resp.status < 500:
+                return resp
+        else:
+            resp = Response(500, _error_body(500, "internal error"))
+        log.error(
+            "request %s (%s %s) failed: %s: %s",
+            req.header(b"x-request-id") or "-", req.method, req.path[:200], type(exc).__name__, exc,
+            exc_info=exc,
+        )  # fmt: skip
+        return resp
 
     async def _run(self, req: Request, result: HandlerResult) -> None:
         try:
@@ -288,27 +293,34 @@ class HttpProtocol(asyncio.Protocol):
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:
-                    resp = self._error(exc)
+                    resp = self._error(req, exc)
             if resp.stream is None:
                 self._write_whole(req, resp)
             else:
                 await self._write_stream(req, resp)
         except (asyncio.CancelledError, ConnectionError):
             return
+        except Exception as exc:
+            # The head is out, the body half-written: nothing sane to add but the close.
+            self._error(req, exc)
+            self.close()
+            return
         finally:
             self._busy = False
             self._task = None
-        if self._reading_paused and self._transport is not None and not self._closed:
+        if self._reading_paused and self.transport is not None and not self.closed:
             self._reading_paused = False
-            self._transport.resume_reading()
-        if self._pending and not self._closed:
+            self.transport.resume_reading()
+        if self._pending and not self.closed:
             self._dispatch(self._pending.popleft())
+        else:
+            self.request_served()
 
     # ------------------------------------------------------------------ writing
 
     def _write_whole(self, req: Request, resp: Response) -> None:
-        t = self._transport
-        if t is None or self._closed:
+        t = self.transport
+        if t is None or self.closed:
             return
         if resp.parts is not None:
             t.write(_head(resp.status, resp.content_type, None, req.keep_alive, resp.headers))
@@ -324,38 +336,31 @@ class HttpProtocol(asyncio.Protocol):
         if resp.on_sent is not None:
             resp.on_sent()
         if not req.keep_alive:
-            t.close()
+            self.close()
 
     async def _write_stream(self, req: Request, resp: Response) -> None:
-        t = self._transport
+        t = self.transport
         assert t is not None and resp.stream is not None
         stream = resp.stream
         try:
             t.write(_head(resp.status, resp.content_type, None, req.keep_alive, resp.headers))
             async for chunk in stream:
-                if self._closed:
+                if self.closed:
                     return
                 if chunk:
                     t.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
                 if self._writable is not None and not self._writable.done():
                     await self._writable
-            if not self._closed:
+            if not self.closed:
                 t.write(b"0\r\n\r\n")
                 if resp.on_sent is not None:
                     resp.on_sent()
                 if not req.keep_alive:
-                    t.close()
+                    self.close()
         finally:
             aclose = getattr(stream, "aclose", None)
             if aclose is not None:
                 await aclose()
-
-    def _fail(self, status: int, message: str) -> None:
-        if self._transport is not None and not self._closed:
-            body = _error_body(status, message)
-            self._transport.write(_head(status, "application/json", len(body), False, ()) + body)
-            self._transport.close()
-        self._closed = True
 
 
 async def start_server(
@@ -364,11 +369,15 @@ async def start_server(
     port: int,
     on_error: Callable[[BaseException], Response] | None = None,
     sock: socket.socket | None = None,
+    limits: HttpLimitsConfig | None = None,
 ) -> asyncio.Server:
-    """Listen on host:port (or an already bound socket) and serve `router`."""
+    """Listen on host:port (or an already bound socket) and serve `router` within `limits`."""
     loop = asyncio.get_running_loop()
+    watchdog = Watchdog(limits or HttpLimitsConfig(), loop)
+
+    def factory() -> HttpProtocol:
+        return HttpProtocol(router, watchdog, on_error)
+
     if sock is not None:
-        return await loop.create_server(lambda: HttpProtocol(router, on_error), sock=sock, backlog=2048)
-    return await loop.create_server(
-        lambda: HttpProtocol(router, on_error), host, port, reuse_address=True, backlog=2048
-    )
+        return await loop.create_server(factory, sock=sock, backlog=2048)
+    return await loop.create_server(factory, host, port, reuse_address=True, backlog=2048)

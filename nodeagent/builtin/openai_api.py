@@ -66,6 +66,7 @@ class GenRequest:
     continuous_usage: bool
     kv_transfer: dict[str, Any] | None
     bootstrap: Bootstrap | None
+    max_tokens_field: str = "max_tokens"  # the body field `max_tokens` came from (errors name it)
 
 
 def parse_json(body: bytes) -> dict[str, Any]:
@@ -188,8 +189,11 @@ def _common(
     rid: str | None,
 ) -> GenRequest:
     max_tokens = _int(body, "max_tokens", lo=1)
+    field = "max_tokens"
     if chat:
-        max_tokens = _int(body, "max_completion_tokens", lo=1) or max_tokens
+        completion = _int(body, "max_completion_tokens", lo=1)
+        if completion is not None:
+            max_tokens, field = completion, "max_completion_tokens"
     stream = _bool(body, "stream")
     opts = body.get("stream_options")
     include_usage = continuous = False
@@ -218,6 +222,7 @@ def _common(
         continuous_usage=continuous,
         kv_transfer=kv,
         bootstrap=_bootstrap(body),
+        max_tokens_field=field,
     )
 
 

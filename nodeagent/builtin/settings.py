@@ -10,6 +10,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Literal
 
+from core.config import HttpLimitsConfig
+
 Role = Literal["union", "prefill", "decode"]
 FtStatus = Literal["healthy", "unhealthy", "dead"]
 
@@ -67,6 +69,7 @@ class EngineSettings:
     embedding_dim: int = 64
     speeds: Speeds = Speeds()
     faults: FaultSpec = FaultSpec()
+    http: HttpLimitsConfig = field(default_factory=HttpLimitsConfig)  # head limits, timeouts, cap
 
     @property
     def public_host(self) -> str:

@@ -344,14 +344,19 @@ async def assert_stream_survives_death(c: Coordinator, dying: Engine, body: dict
     assert "continuing elsewhere" in c.log_text()
 
 
-async def wait_routable(coord: Coordinator, body: dict[str, Any] | None = None, within: float = 30.0) -> None:
+async def wait_routable(
+    coord: Coordinator,
+    body: dict[str, Any] | None = None,
+    within: float = 30.0,
+    headers: dict[str, str] | None = None,
+) -> None:
     """Poll with a one-token completion until the coordinator routes it (200)."""
     body = body or {"model": MODEL, "prompt": "ping", "max_tokens": 1}
     deadline = time.monotonic() + within
     last: object = None
     async with aiohttp.ClientSession() as s:
         while time.monotonic() < deadline:
-            status, data, _ = await post(s, f"{coord.url}/v1/completions", body)
+            status, data, _ = await post(s, f"{coord.url}/v1/completions", body, headers)
             if status == 200:
                 return
             last = (status, data)

@@ -59,7 +59,8 @@ async def test_union_json_and_stream_match_direct(coord: Coordinator, engine: En
         assert st == 200
         assert via["choices"][0]["message"]["content"] == direct["choices"][0]["message"]["content"]
         assert headers["x-request-id"] == "req-42"
-        assert "req-42#a1" in via["id"]  # the engine saw {root}#a{attempt}
+        # The engine saw the coordinator's own {root}#a{attempt}, never the client's id.
+        assert "req-42" not in via["id"] and "#a1" in via["id"]
         want = direct["choices"][0]["message"]["content"]
         text, chunks = await stream_text(s, f"{coord.url}/v1/chat/completions", {**CHAT, "stream": True})
         assert text == want
@@ -102,7 +103,7 @@ async def test_models_lists_served_model(coord: Coordinator) -> None:
         (b'{"model": "no-such-model", "prompt": "x"}', 404, "model_not_found"),
         (b'{"model": 7, "prompt": "x"}', 400, "invalid_model"),
         (b'{"model": "motor-sim", "prompt": "x", "stream": "yes"}', 400, "invalid_stream"),
-        (b'{"model": "motor-sim", "prompt": "' + b"x" * 5000 + b'"}', 413, None),
+        (b'{"model": "motor-sim", "prompt": "' + b"x" * 5000 + b'"}', 413, "body_too_large"),
     ],
 )
 async def test_bad_requests_get_openai_errors(

@@ -1,0 +1,260 @@
+"""A server connection read within `HttpLimitsConfig`, and the watchdog that sweeps them all.
+
+`LimitedProtocol` owns the transport, the httptools parser and the head reader; a subclass
+serves the requests (`on_body`, `on_message_complete`, its dispatch) and shapes error bodies
+(`error_response`). The `Watchdog` (one a server) admits connections up to the cap, answers
+the rest 503, and sweeps a few times a second for heads that take too long (408) and
+keep-alive connections idle too long (closed): a table swept costs nothing per request, a
+timer per connection would.
+
+A refused or rejected connection is closed lingering: the answer goes out, our side shuts
+its writing half, and what the client still sends is read and dropped for a moment, so its
+kernel does not reset the connection before it read the answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import resource
+import socket
+from typing import cast
+
+import httptools
+
+from core.config import HttpLimitsConfig
+from httpcore.head import HeadReader, LimitExceeded
+
+log = logging.getLogger(__name__)
+
+LINGER = 2.0  # seconds a rejected connection is drained before it is closed
+_FD_RESERVE = 256  # descriptors kept for everything that is not a client connection
+
+
+class LimitedProtocol(asyncio.Protocol):
+    """One client connection whose request heads are read within the server's limits."""
+
+    def __init__(self, watchdog: Watchdog) -> None:
+        self.watchdog = watchdog
+        self.limits = watchdog.limits
+        self.loop = watchdog.loop
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpRequestParser(self)
+        self.head = HeadReader(self.limits)
+        self.idle_since: float | None = None  # waiting for the client's bytes since (idle timeout)
+        self.lingering = False
+        self.closed = False
+
+    # ------------------------------------------------------------------ for subclasses
+
+    def error_response(self, status: int, message: str, code: str) -> bytes:
+        """A complete `connection: close` response carrying this server's error body."""
+        raise NotImplementedError
+
+    def headers_done(self, headers: dict[bytes, bytes]) -> None:
+        """The head of a request was read; `headers` has lower-case names."""
+
+    def request_served(self) -> None:
+        """Call when a response is finished and nothing else is queued: the idle timer starts."""
+        if self.head.since is None and not self.closed:
+            self.idle_since = self.loop.time()
+
+    # ------------------------------------------------------------------ transport
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if not self.watchdog.admit(self):
+            self.watchdog.refused += 1
+            self.reject(
+                503,
+                f"the server is at its limit of {self.limits.max_connections} connections; retry later",
+                "too_many_connections",
+            )
+            return
+        self.head.since = self.loop.time()  # a new connection owes a head within the timeout
+
+    def data_received(self, data: bytes) -> None:
+        if self.lingering:
+            return
+        try:
+            self.head.feed(self.parser, data)
+        except LimitExceeded as exc:
+            self.reject(exc.status, exc.message, exc.code)
+        except httptools.HttpParserUpgrade:
+            self.reject(400, "protocol upgrades are not supported", "upgrade_not_supported")
+        except httptools.HttpParserError as exc:
+            self.reject(400, f"malformed HTTP request: {exc}", "malformed_request")
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.watchdog.drop(self)
+
+    # ------------------------------------------------------------------ parser callbacks
+
+    def on_message_begin(self) -> None:
+        self.idle_since = None
+        self.head.begin(self.loop.time())
+
+    def on_url(self, url: bytes) -> None:
+        self.head.on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.head.on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        headers = self.head.complete()
+        self.idle_since = self.loop.time()  # until the body has arrived
+        self.headers_done(headers)
+
+    def on_body(self, body: bytes) -> None:
+        self.idle_since = self.loop.time()
+
+    def on_message_complete(self) -> None:
+        self.idle_since = None
+        self.head.message_done()
+
+    # ------------------------------------------------------------------ ending
+
+    def on_timeout(self, kind: str) -> None:
+        """The watchdog's verdict: `header` (too slow a head) or `idle` (nothing sent)."""
+        if kind == "header":
+            self.reject(
+                408, f"request head not received within {self.limits.header_timeout:g} s", "header_timeout"
+            )
+        elif self.head.in_head:
+            self.close()  # an idle keep-alive connection: nothing is owed
+        else:
+            self.reject(408, f"request body stalled for {self.limits.idle_timeout:g} s", "body_timeout")
+
+    def reject(self, status: int, message: str, code: str) -> None:
+        """Answer `status` with an error body and close lingering; the request is not served."""
+        t = self.transport
+        if t is None or self.closed or self.lingering:
+            return
+        self.lingering = True
+        self.idle_since = None
+        self.head.since = None
+        self.watchdog.rejected(status, code)
+        t.write(self.error_response(status, message, code))
+        self.watchdog.linger(t)
+
+    def close(self) -> None:
+        """Close after what was written is flushed."""
+        if not self.closed and self.transport is not None:
+            self.closed = True
+            self.transport.close()
+
+
+class Watchdog:
+    """Admission (the cap) and the timeout sweep of one server's connections."""
+
+    def __init__(
+        self, limits: HttpLimitsConfig, loop: asyncio.AbstractEventLoop, *, fds_per_conn: int = 1
+    ) -> None:
+        self.limits = limits
+        self.loop = loop
+        self.cap = fit_cap(limits.max_connections, fds_per_conn)
+        self.conns: set[LimitedProtocol] = set()
+        self.refused = 0
+        self.rejects: dict[tuple[int, str], int] = {}  # (status, code) -> count, for metrics
+        self._lingering: dict[asyncio.Transport, float] = {}
+        self._tick = min(max(min(limits.header_timeout, limits.idle_timeout) / 4, 0.05), 1.0)
+        self._sweeper: asyncio.TimerHandle | None = None
+
+    def admit(self, conn: LimitedProtocol) -> bool:
+        """Take `conn` in, unless the server already holds its cap of connections."""
+        if len(self.conns) >= self.cap:
+            return False
+        self.conns.add(conn)
+        self._arm()
+        return True
+
+    def drop(self, conn: LimitedProtocol) -> None:
+        """`conn` is gone."""
+        self.conns.discard(conn)
+        if conn.transport is not None:
+            self._lingering.pop(conn.transport, None)
+
+    def rejected(self, status: int, code: str) -> None:
+        key = (status, code)
+        self.rejects[key] = self.rejects.get(key, 0) + 1
+
+    def linger(self, transport: asyncio.Transport) -> None:
+        """Shut our writing half now, drop what the client still sends, close within `LINGER`."""
+        if len(self._lingering) >= max(256, self.cap):
+            transport.close()  # too many already: close at once rather than hold descriptors
+            return
+        with contextlib.suppress(OSError, RuntimeError, AttributeError, NotImplementedError):
+            if transport.can_write_eof():
+                transport.write_eof()
+        with contextlib.suppress(OSError, RuntimeError, AttributeError):
+            transport.resume_reading()
+        self._lingering[transport] = self.loop.time() + LINGER
+        self._arm()
+
+    def close_all(self) -> None:
+        """Abort every connection (server shutdown)."""
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
+        for t in list(self._lingering):
+            t.abort()
+        self._lingering.clear()
+        for c in list(self.conns):
+            c.closed = True
+            if c.transport is not None:
+                c.transport.abort()
+        self.conns.clear()
+
+    def _arm(self) -> None:
+        if self._sweeper is None:
+            self._sweeper = self.loop.call_later(self._tick, self._sweep)
+
+    def _sweep(self) -> None:
+        now = self.loop.time()
+        header_by = now - self.limits.header_timeout
+        idle_by = now - self.limits.idle_timeout
+        for c in list(self.conns):
+            if c.lingering or c.closed:
+                continue
+            since = c.head.since
+            if since is not None and since < header_by:
+                c.on_timeout("header")
+            elif c.idle_since is not None and c.idle_since < idle_by:
+                c.on_timeout("idle")
+        for t, deadline in list(self._lingering.items()):
+            if deadline <= now:
+                del self._lingering[t]
+                t.close()
+        busy = self.conns or self._lingering
+        self._sweeper = self.loop.call_later(self._tick, self._sweep) if busy else None
+
+
+def fit_cap(want: int, fds_per_conn: int) -> int:
+    """The connection cap this process can keep: raises the soft descriptor limit toward what
+    `want` connections need, and lowers the cap (with a warning) where the hard limit is short."""
+    need = want * fds_per_conn + _FD_RESERVE
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != resource.RLIM_INFINITY and soft < need:
+            target = need if hard == resource.RLIM_INFINITY else min(need, hard)
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+    except (OSError, ValueError) as exc:
+        log.warning("cannot raise the descriptor limit: %s", exc)
+        return want
+    if soft == resource.RLIM_INFINITY or soft >= need:
+        return want
+    cap = max(1, (soft - _FD_RESERVE) // fds_per_conn)
+    log.warning(
+        "connection cap lowered from %d to %d: the descriptor limit is %d (raise `ulimit -n`)",
+        want,
+        cap,
+        soft,
+    )
+    return cap

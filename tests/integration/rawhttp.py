@@ -1,0 +1,118 @@
+"""A raw HTTP/1.1 client for the tests that send what no well-behaved client sends: bytes in,
+one parsed response (or the connection's end) out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+import httptools
+import orjson
+
+
+@dataclass
+class Reply:
+    """One response read off a raw connection; `status` 0 when the server closed without one."""
+
+    status: int = 0
+    headers: dict[str, str] = field(default_factory=dict)
+    body: bytes = b""
+    complete: bool = False
+    elapsed: float = 0.0
+
+    def json(self) -> object:
+        return orjson.loads(self.body)
+
+
+class _Collect:
+    def __init__(self, reply: Reply) -> None:
+        self.reply = reply
+        self.parser = httptools.HttpResponseParser(self)
+        self._name = b""
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.reply.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+
+    def on_headers_complete(self) -> None:
+        self.reply.status = self.parser.get_status_code()
+
+    def on_body(self, body: bytes) -> None:
+        self.reply.body += body
+
+    def on_message_complete(self) -> None:
+        self.reply.complete = True
+
+
+async def read_reply(reader: asyncio.StreamReader, within: float = 30.0) -> Reply:
+    """Read one response; stops at its end, at EOF or at a reset."""
+    reply = Reply()
+    c = _Collect(reply)
+    t0 = time.monotonic()
+    deadline = t0 + within
+    while not reply.complete:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"no complete response within {within}s (got {reply!r})")
+        try:
+            data = await asyncio.wait_for(reader.read(65536), left)
+        except (ConnectionResetError, BrokenPipeError):
+            break
+        if not data:
+            break
+        c.parser.feed_data(data)
+    reply.elapsed = time.monotonic() - t0
+    return reply
+
+
+async def exchange(port: int, raw: bytes, within: float = 30.0, host: str = "127.0.0.1") -> Reply:
+    """Open a connection, send `raw` whole, read one response, close."""
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        try:
+            writer.write(raw)
+            await writer.drain()
+        except (ConnectionResetError, BrokenPipeError):
+            pass
+        return await read_reply(reader, within)
+    finally:
+        writer.close()
+
+
+def request(
+    method: str,
+    path: str,
+    body: bytes = b"",
+    headers: dict[str, str] | None = None,
+    *,
+    close: bool = True,
+) -> bytes:
+    """A well-formed request's bytes."""
+    lines = [f"{method} {path} HTTP/1.1", "host: test"]
+    for k, v in (headers or {}).items():
+        lines.append(f"{k}: {v}")
+    if body or method in ("POST", "PUT"):
+        lines.append(f"content-length: {len(body)}")
+    if close:
+        lines.append("connection: close")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+
+
+async def closed_within(reader: asyncio.StreamReader, within: float) -> tuple[bool, bytes]:
+    """(closed, bytes read): whether the server ends the connection within `within` s."""
+    got = b""
+    deadline = time.monotonic() + within
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False, got
+        try:
+            data = await asyncio.wait_for(reader.read(65536), left)
+        except TimeoutError:
+            return False, got
+        except (ConnectionResetError, BrokenPipeError):
+            return True, got
+        if not data:
+            return True, got
+        got += data
