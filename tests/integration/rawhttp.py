@@ -27,34 +27,37 @@ class Reply:
 
 
 class _Collect:
-    def __init__(self, reply: Reply) -> None:
-        self.reply = reply
+    """Parses responses off one connection, pipelined ones included."""
+
+    def __init__(self) -> None:
+        self.replies: list[Reply] = []
         self.parser = httptools.HttpResponseParser(self)
-        self._name = b""
+
+    def on_message_begin(self) -> None:
+        self.replies.append(Reply())
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self.reply.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+        self.replies[-1].headers[name.decode("latin-1").lower()] = value.decode("latin-1")
 
     def on_headers_complete(self) -> None:
-        self.reply.status = self.parser.get_status_code()
+        self.replies[-1].status = self.parser.get_status_code()
 
     def on_body(self, body: bytes) -> None:
-        self.reply.body += body
+        self.replies[-1].body += body
 
     def on_message_complete(self) -> None:
-        self.reply.complete = True
+        self.replies[-1].complete = True
 
 
-async def read_reply(reader: asyncio.StreamReader, within: float = 30.0) -> Reply:
-    """Read one response; stops at its end, at EOF or at a reset."""
-    reply = Reply()
-    c = _Collect(reply)
+async def read_replies(reader: asyncio.StreamReader, n: int, within: float = 30.0) -> list[Reply]:
+    """Read `n` responses (fewer if the connection ends first; a last one may be partial)."""
+    c = _Collect()
     t0 = time.monotonic()
     deadline = t0 + within
-    while not reply.complete:
+    while sum(1 for r in c.replies if r.complete) < n:
         left = deadline - time.monotonic()
         if left <= 0:
-            raise TimeoutError(f"no complete response within {within}s (got {reply!r})")
+            raise TimeoutError(f"no {n} complete responses within {within}s (got {c.replies!r})")
         try:
             data = await asyncio.wait_for(reader.read(65536), left)
         except (ConnectionResetError, BrokenPipeError):
@@ -62,8 +65,15 @@ async def read_reply(reader: asyncio.StreamReader, within: float = 30.0) -> Repl
         if not data:
             break
         c.parser.feed_data(data)
-    reply.elapsed = time.monotonic() - t0
-    return reply
+    for r in c.replies:
+        r.elapsed = time.monotonic() - t0
+    return c.replies[:n]
+
+
+async def read_reply(reader: asyncio.StreamReader, within: float = 30.0) -> Reply:
+    """Read one response; stops at its end, at EOF or at a reset (status 0: none came)."""
+    replies = await read_replies(reader, 1, within)
+    return replies[0] if replies else Reply(elapsed=within)
 
 
 async def exchange(port: int, raw: bytes, within: float = 30.0, host: str = "127.0.0.1") -> Reply:
