@@ -37,6 +37,10 @@ test-deps:
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
 
+# Fuzz the HTTP servers longer than `just test` does (MOTOR_FUZZ_EXAMPLES examples a strategy).
+fuzz EXAMPLES="2000" *ARGS:
+    MOTOR_FUZZ_EXAMPLES={{EXAMPLES}} {{python}} -m pytest -q tests/integration/test_fuzz_v1.py tests/integration/test_fuzz_openapi.py {{ARGS}}
+
 # ruff and mypy over every package.
 lint:
     {{python}} -m ruff check .

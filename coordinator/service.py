@@ -28,6 +28,7 @@ from coordinator.table import Incarnation
 from core import subjects
 from core.config import CoordinatorConfig
 from core.events import Role
+from httpcore.metrics import HttpCollector
 
 log = logging.getLogger(__name__)
 
@@ -219,6 +220,9 @@ class CoordinatorService:
         self.server = ProxyServer(self._proxy.app, max_body=self.settings.max_body_bytes, limits=limits)
         await self.server.start(self.host, self.want_port)
         log.info("coordinator listening on http://%s:%d", self.host, self.port)
+        http = HttpCollector("motor_coordinator")
+        assert self.server.watchdog is not None
+        http.add(self.server.watchdog)
         if mgmt is not None and self.settings.mgmt_port is not None:  # seed 001: the manage port
             from coordinator.proxy.mgmtport import start_mgmt_server
 
@@ -226,7 +230,10 @@ class CoordinatorService:
             self.mgmt_server = await start_mgmt_server(
                 mgmt, self.host, mp, max_body=self.settings.max_body_bytes, limits=limits
             )
+            assert self.mgmt_server.watchdog is not None
+            http.add(self.mgmt_server.watchdog)
             log.info("coordinator management API on http://%s:%d", self.host, self.mgmt_server.port)
+        ctx.metrics.registry.register(http)
 
     async def _follow(self, follower: Any) -> None:
         assert self.ctx is not None

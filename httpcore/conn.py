@@ -45,6 +45,8 @@ class LimitedProtocol(asyncio.Protocol):
         self.idle_since: float | None = None  # waiting for the client's bytes since (idle timeout)
         self.lingering = False
         self.closed = False
+        self.client_done = False  # the client shut its sending half: answer, then close
+        self._deferred: tuple[int, str, str] | None = None  # a rejection waiting for earlier answers
 
     # ------------------------------------------------------------------ for subclasses
 
@@ -55,9 +57,19 @@ class LimitedProtocol(asyncio.Protocol):
     def headers_done(self, headers: dict[bytes, bytes]) -> None:
         """The head of a request was read; `headers` has lower-case names."""
 
+    def busy(self) -> bool:
+        """Whether a request is being served or waits its turn."""
+        raise NotImplementedError
+
     def request_served(self) -> None:
         """Call when a response is finished and nothing else is queued: the idle timer starts."""
-        if self.head.since is None and not self.closed:
+        if self._deferred is not None:
+            status, message, code = self._deferred
+            self._deferred = None
+            self.reject(status, message, code)
+        elif self.client_done:
+            self.close()
+        elif self.head.since is None and not self.closed:
             self.idle_since = self.loop.time()
 
     # ------------------------------------------------------------------ transport
@@ -69,7 +81,7 @@ class LimitedProtocol(asyncio.Protocol):
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         if not self.watchdog.admit(self):
-            self.watchdog.refused += 1
+            self.watchdog.at_cap()
             self.reject(
                 503,
                 f"the server is at its limit of {self.limits.max_connections} connections; retry later",
@@ -79,7 +91,7 @@ class LimitedProtocol(asyncio.Protocol):
         self.head.since = self.loop.time()  # a new connection owes a head within the timeout
 
     def data_received(self, data: bytes) -> None:
-        if self.lingering:
+        if self.lingering or self._deferred is not None:
             return
         try:
             self.head.feed(self.parser, data)
@@ -89,6 +101,12 @@ class LimitedProtocol(asyncio.Protocol):
             self.reject(400, "protocol upgrades are not supported", "upgrade_not_supported")
         except httptools.HttpParserError as exc:
             self.reject(400, f"malformed HTTP request: {exc}", "malformed_request")
+
+    def eof_received(self) -> bool | None:
+        # A client may shut its sending half once its request is out (`curl -T`, `nc -N`):
+        # what it asked is still answered, then the connection closes.
+        self.client_done = True
+        return True if not self.lingering and (self.busy() or self._deferred is not None) else None
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -136,6 +154,14 @@ class LimitedProtocol(asyncio.Protocol):
         t = self.transport
         if t is None or self.closed or self.lingering:
             return
+        if self.busy():
+            # Requests before this one are answered first, in order; this answer follows them.
+            if self._deferred is None:
+                self._deferred = (status, message, code)
+                self.head.since = None
+                self.idle_since = None
+                t.pause_reading()
+            return
         self.lingering = True
         self.idle_since = None
         self.head.since = None
@@ -160,8 +186,9 @@ class Watchdog:
         self.loop = loop
         self.cap = fit_cap(limits.max_connections, fds_per_conn)
         self.conns: set[LimitedProtocol] = set()
-        self.refused = 0
+        self.refused = 0  # connections refused at the cap
         self.rejects: dict[tuple[int, str], int] = {}  # (status, code) -> count, for metrics
+        self._cap_logged_at = -1e9
         self._lingering: dict[asyncio.Transport, float] = {}
         self._tick = min(max(min(limits.header_timeout, limits.idle_timeout) / 4, 0.05), 1.0)
         self._sweeper: asyncio.TimerHandle | None = None
@@ -181,8 +208,21 @@ class Watchdog:
             self._lingering.pop(conn.transport, None)
 
     def rejected(self, status: int, code: str) -> None:
+        """Count a refusal by status and code (`httpcore.metrics`)."""
         key = (status, code)
         self.rejects[key] = self.rejects.get(key, 0) + 1
+        log.debug("refused a request: %d %s", status, code)
+
+    def at_cap(self) -> None:
+        """A connection came in at the cap: counted, and logged at most every 10 s."""
+        self.refused += 1
+        now = self.loop.time()
+        if now - self._cap_logged_at >= 10.0:
+            log.warning(
+                "connection cap of %d reached: %d connections refused (503) so far",
+                self.cap, self.refused,
+            )  # fmt: skip
+            self._cap_logged_at = now
 
     def linger(self, transport: asyncio.Transport) -> None:
         """Shut our writing half now, drop what the client still sends, close within `LINGER`."""

@@ -27,7 +27,7 @@ import orjson
 from coordinator.errors import CoordinatorError, anthropic_error_body, error_body
 from coordinator.model_limits import ModelLimits
 from coordinator.proxy.asgi import serve_asgi
-from coordinator.proxy.call import Call, client_request_id
+from coordinator.proxy.call import RESERVED, Call, client_request_id
 from coordinator.proxy.flows import Flows
 from coordinator.proxy.native import NativeRoutes, handles
 from coordinator.proxy.server import ClientConn, Request
@@ -178,6 +178,9 @@ class ProxyApp:
             self._error(conn, req, 400, "request body must be a JSON object", "invalid_json")
             return
         raw = req.body
+        if not RESERVED.isdisjoint(body):
+            body = {k: v for k, v in body.items() if k not in RESERVED}
+            raw = orjson.dumps(body)
         anthropic = route == "messages"
         if anthropic:
             from coordinator.anthropic import messages_to_chat

@@ -68,9 +68,8 @@ async def serve_asgi(app: ASGIApp, conn: ClientConn, req: Request) -> None:
         disconnected.set()
     payload = b"".join(body)
     kept = [(n, v) for n, v in headers if n not in http1.HOP_BY_HOP]
-    conn.write(
-        http1.build_head(status, kept, content_length=len(payload), keep_alive=req.keep_alive) + payload
-    )
+    head = http1.build_head(status, kept, content_length=len(payload), keep_alive=req.keep_alive)
+    conn.write(head if req.method == b"HEAD" else head + payload)
 
 
 class Lifespan:

@@ -134,6 +134,9 @@ class ClientConn(LimitedProtocol):
     def error_response(self, status: int, message: str, code: str) -> bytes:
         return http1.simple_response(status, error_body(status, message, None, code), keep_alive=False)
 
+    def busy(self) -> bool:
+        return self.task is not None or bool(self.queue)
+
     # ------------------------------------------------------------------ parser callbacks
 
     def on_message_begin(self) -> None:
@@ -234,7 +237,7 @@ class ClientConn(LimitedProtocol):
 
     def write(self, data: bytes) -> None:
         """Write raw bytes to the client (dropped when it is gone)."""
-        if not self.closed and self.transport is not None:
+        if not self.closed and not self.lingering and self.transport is not None:
             self.writes += 1
             self.transport.write(data)
 
@@ -253,12 +256,11 @@ class ClientConn(LimitedProtocol):
         content_type: bytes = http1.JSON_CT,
         extra: list[tuple[bytes, bytes]] | None = None,
     ) -> None:
-        """Write a complete response to `req`."""
-        self.write(
-            http1.simple_response(
-                status, body, keep_alive=req.keep_alive, content_type=content_type, extra=extra
-            )
+        """Write a complete response to `req` (a HEAD request gets the head alone)."""
+        data = http1.simple_response(
+            status, body, keep_alive=req.keep_alive, content_type=content_type, extra=extra
         )
+        self.write(data[: len(data) - len(body)] if req.method == b"HEAD" and body else data)
 
 
 class ProxyServer:

@@ -19,6 +19,7 @@ from typing import Any
 
 import orjson
 
+from httpcore.metrics import HttpCollector
 from nodeagent.builtin.bootstrap import BootstrapClient, RoomRegistry
 from nodeagent.builtin.engine import Engine
 from nodeagent.builtin.faults import FaultError, Faults
@@ -320,10 +321,16 @@ class BuiltinEngine:
     async def start(self) -> None:
         """Bind the business port (and the bootstrap port of a prefill engine)."""
         s = self.settings
-        self._servers.append(await start_server(self.routes(), s.host, s.port, _on_error, limits=s.http))
+        http = HttpCollector("motor_engine")
+        self.engine.metrics.registry.register(http)
+        self._servers.append(
+            await start_server(self.routes(), s.host, s.port, _on_error, limits=s.http, collector=http)
+        )
         if s.bootstrap_port is not None:
             self._servers.append(
-                await start_server(self.rooms.routes(), s.host, s.bootstrap_port, _on_error, limits=s.http)
+                await start_server(
+                    self.rooms.routes(), s.host, s.bootstrap_port, _on_error, limits=s.http, collector=http
+                )
             )
         log.info(
             "builtin engine %s (%s, %s) serving %s on %s:%d%s",

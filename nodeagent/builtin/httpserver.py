@@ -23,6 +23,7 @@ import orjson
 from core.config import HttpLimitsConfig
 from httpcore.conn import LimitedProtocol, Watchdog
 from httpcore.head import LimitExceeded
+from httpcore.metrics import HttpCollector
 
 log = logging.getLogger(__name__)
 
@@ -203,6 +204,9 @@ class HttpProtocol(LimitedProtocol):
         body = _error_body(status, message)
         return _head(status, "application/json", len(body), False, ()) + body
 
+    def busy(self) -> bool:
+        return self._busy or bool(self._pending)
+
     # ------------------------------------------------------------------ parser callbacks
 
     def on_message_begin(self) -> None:
@@ -320,7 +324,7 @@ class HttpProtocol(LimitedProtocol):
 
     def _write_whole(self, req: Request, resp: Response) -> None:
         t = self.transport
-        if t is None or self.closed:
+        if t is None or self.closed or self.lingering:
             return
         if resp.parts is not None:
             t.write(_head(resp.status, resp.content_type, None, req.keep_alive, resp.headers))
@@ -329,10 +333,8 @@ class HttpProtocol(LimitedProtocol):
                     t.write(b"%x\r\n%b\r\n" % (len(part), part))
             t.write(b"0\r\n\r\n")
         else:
-            t.write(
-                _head(resp.status, resp.content_type, len(resp.body), req.keep_alive, resp.headers)
-                + resp.body
-            )
+            head = _head(resp.status, resp.content_type, len(resp.body), req.keep_alive, resp.headers)
+            t.write(head if req.method == "HEAD" else head + resp.body)
         if resp.on_sent is not None:
             resp.on_sent()
         if not req.keep_alive:
@@ -370,10 +372,14 @@ async def start_server(
     on_error: Callable[[BaseException], Response] | None = None,
     sock: socket.socket | None = None,
     limits: HttpLimitsConfig | None = None,
+    collector: HttpCollector | None = None,
 ) -> asyncio.Server:
-    """Listen on host:port (or an already bound socket) and serve `router` within `limits`."""
+    """Listen on host:port (or an already bound socket) and serve `router` within `limits`;
+    `collector` exports its connections and refusals."""
     loop = asyncio.get_running_loop()
     watchdog = Watchdog(limits or HttpLimitsConfig(), loop)
+    if collector is not None:
+        collector.add(watchdog)
 
     def factory() -> HttpProtocol:
         return HttpProtocol(router, watchdog, on_error)

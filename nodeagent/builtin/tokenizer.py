@@ -72,20 +72,22 @@ def render_chat(
         if type(msg) is dict and len(msg) == 2:
             # The common shape, {"role": ..., "content": "..."}, without the general checks.
             role, content = msg.get("role"), msg.get("content")
-            if type(content) is str and role in CHAT_ROLES:
+            if type(content) is str and type(role) is str and role in CHAT_ROLES:
                 out.append(f"<|{role}|>\n{content}\n")
                 continue
         where = f"messages[{i}]"
         if not isinstance(msg, dict):
             raise TemplateError(f"{where} must be an object")
         role = msg.get("role")
-        if role not in CHAT_ROLES:
+        if not isinstance(role, str) or role not in CHAT_ROLES:
             raise TemplateError(f"{where}.role must be one of {sorted(CHAT_ROLES)}, got {role!r}")
         text = _content_text(msg.get("content"), where)
         calls = msg.get("tool_calls")
         if isinstance(calls, list):
             for call in calls:
-                fn = call.get("function", {}) if isinstance(call, dict) else {}
+                fn = call.get("function") if isinstance(call, dict) else None
+                if not isinstance(fn, dict):
+                    fn = {}
                 text += f"<tool_call>{fn.get('name', '')} {fn.get('arguments', '')}"
         out.append(f"<|{role}|>\n{text}\n")
     if continue_final_message:

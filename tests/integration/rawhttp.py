@@ -21,6 +21,7 @@ class Reply:
     body: bytes = b""
     complete: bool = False
     elapsed: float = 0.0
+    head_only: bool = False  # the answer to a HEAD request: no body to check
 
     def json(self) -> object:
         return orjson.loads(self.body)

@@ -150,6 +150,9 @@ async def test_more_than_100_header_fields_get_431(server: Server) -> None:
     r = await exchange(server.port, request("GET", server.probe, headers=fields))
     assert r.status == 431
     _error_body(r)
+    prefix = "motor_coordinator" if server.kind == "coordinator" else "motor_engine"
+    metrics = (await exchange(server.port, request("GET", "/metrics"))).body.decode()
+    assert f'{prefix}_http_rejected_total{{code="header_fields_too_many",status="431"}} 1.0' in metrics
     ok = {f"x-f{i}": "1" for i in range(90)}
     assert (await exchange(server.port, request("GET", server.probe, headers=ok))).status == 200
 

@@ -81,6 +81,35 @@ async def test_the_client_request_id_is_echoed_not_used_by_the_engine(coord: Coo
         assert st == 200 and headers["x-request-id"] != "a" * 300
 
 
+async def test_a_client_body_cannot_steer_engine_ids_or_kv_transfers(coord: Coordinator) -> None:
+    # Fields only the coordinator may set: the engine's request id, an SGLang bootstrap peer,
+    # a vLLM KV source. From a client they would collide requests or send an engine to
+    # fetch from a host of the client's choice.
+    steer = {
+        "rid": "mine",
+        "request_id": "mine",
+        "bootstrap_host": "10.255.255.1",
+        "bootstrap_port": 9,
+        "bootstrap_room": 7,
+        "kv_transfer_params": {
+            "do_remote_prefill": True,
+            "remote_engine_id": "x",
+            "remote_block_ids": [1],
+            "remote_request_id": "mine",
+            "remote_host": "10.255.255.1",
+            "remote_port": 9,
+        },
+    }
+    async with aiohttp.ClientSession() as s:
+        for path, body in (
+            ("/v1/chat/completions", {**CHAT, **steer}),
+            ("/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 4, **steer}),
+        ):
+            results = await asyncio.gather(*(post(s, f"{coord.url}{path}", body) for _ in range(2)))
+            assert [st for st, _, _ in results] == [200, 200], results
+            assert all("mine" not in b["id"] for _, b, _ in results)
+
+
 async def test_equal_client_ids_do_not_share_a_bootstrap_room(
     tmp_path: Path, nats_server: EmbeddedNats, js: JetStreamContext, engines: dict[str, Engine]
 ) -> None:

@@ -47,6 +47,10 @@ def chat(**extra: Any) -> dict[str, Any]:
         (chat(add_generation_prompt=True, continue_final_message=True), 400, "messages"),
         ({"messages": []}, 400, "messages"),
         ({"messages": [{"role": "robot", "content": "x"}]}, 400, "messages"),
+        # Found by the fuzzer: an unhashable role was a TypeError, a 500 that opened the
+        # coordinator's circuit for every client.
+        ({"messages": [{"role": ["user"], "content": "x"}]}, 400, "messages"),
+        ({"messages": [{"role": {"a": 1}, "content": "x", "name": "n"}]}, 400, "messages"),
         ({"messages": [{"role": "user", "content": [{"type": "text"}]}]}, 400, "messages"),
         ({"messages": "hi"}, 400, "messages"),
         ({}, 400, "messages"),
