@@ -7,6 +7,9 @@ the rest 503, and sweeps a few times a second for heads that take too long (408)
 keep-alive connections idle too long (closed): a table swept costs nothing per request, a
 timer per connection would.
 
+A client's EOF closes its connection (asyncio's default): a client that goes away aborts its
+request, which is how an engine learns to stop generating for it.
+
 A refused or rejected connection is closed lingering: the answer goes out, our side shuts
 its writing half, and what the client still sends is read and dropped for a moment, so its
 kernel does not reset the connection before it read the answer.
@@ -45,7 +48,6 @@ class LimitedProtocol(asyncio.Protocol):
         self.idle_since: float | None = None  # waiting for the client's bytes since (idle timeout)
         self.lingering = False
         self.closed = False
-        self.client_done = False  # the client shut its sending half: answer, then close
         self._deferred: tuple[int, str, str] | None = None  # a rejection waiting for earlier answers
 
     # ------------------------------------------------------------------ for subclasses
@@ -67,8 +69,6 @@ class LimitedProtocol(asyncio.Protocol):
             status, message, code = self._deferred
             self._deferred = None
             self.reject(status, message, code)
-        elif self.client_done:
-            self.close()
         elif self.head.since is None and not self.closed:
             self.idle_since = self.loop.time()
 
@@ -101,12 +101,6 @@ class LimitedProtocol(asyncio.Protocol):
             self.reject(400, "protocol upgrades are not supported", "upgrade_not_supported")
         except httptools.HttpParserError as exc:
             self.reject(400, f"malformed HTTP request: {exc}", "malformed_request")
-
-    def eof_received(self) -> bool | None:
-        # A client may shut its sending half once its request is out (`curl -T`, `nc -N`):
-        # what it asked is still answered, then the connection closes.
-        self.client_done = True
-        return True if not self.lingering and (self.busy() or self._deferred is not None) else None
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True

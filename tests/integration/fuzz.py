@@ -247,6 +247,8 @@ def raw_requests(
             headers.append(("x-request-id", draw(_header_values)))
         if draw(st.integers(0, 8)) == 0:
             headers.append(("expect", "100-continue"))
+        if draw(st.booleans()):
+            headers.append(("connection", draw(st.sampled_from(["close", "keep-alive", "upgrade", "x"]))))
         headers += draw(st.lists(st.tuples(_header_names, _header_values), max_size=3))
         framing = draw(st.sampled_from(["length"] * 6 + ["chunked", "wrong_length", "none"]))
         if framing == "length":
@@ -267,7 +269,9 @@ def raw_requests(
 
 
 def send_raw(port: int, data: bytes, within: float = 30.0, *, head: bool = False) -> list[Reply]:
-    """Send `data`, shut the sending half, read every response until the server closes.
+    """Send `data` and read the answers: until the server closes, or until it has been quiet
+    for a moment after a complete answer (the servers under fuzz close stalled requests and
+    idle connections within seconds: `FUZZ_LIMITS`).
 
     `head`: the first request is a HEAD, whose answer has a Content-Length but no body.
     """
@@ -276,14 +280,18 @@ def send_raw(port: int, data: bytes, within: float = 30.0, *, head: bool = False
     with socket.create_connection(("127.0.0.1", port), timeout=within) as s:
         try:
             s.sendall(data)
-            s.shutdown(socket.SHUT_WR)
         except (BrokenPipeError, ConnectionResetError):
             pass
         while True:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the server neither answered nor closed within {within}s")
+            s.settimeout(_QUIET if _answered(seen, head) else max(0.01, deadline - time.monotonic()))
             try:
                 got = s.recv(65536)
+            except TimeoutError:
+                if _answered(seen, head):
+                    break
+                continue
             except ConnectionResetError:
                 break
             if not got:
@@ -309,6 +317,28 @@ def send_raw(port: int, data: bytes, within: float = 30.0, *, head: bool = False
     except httptools.HttpParserError as exc:
         raise AssertionError(f"not HTTP ({exc}): {seen[:400]!r} answering {data[:400]!r}") from None
     return replies + [r for r in c.replies if r.complete and r.status >= 200]
+
+
+_QUIET = 0.1  # seconds of silence after a complete answer that end the reading
+
+
+def _answered(seen: bytes, head: bool) -> bool:
+    """Whether `seen` holds at least one complete final answer."""
+    rest = seen
+    while rest.startswith(b"HTTP/1.1 1"):
+        rest = rest[rest.find(b"\r\n\r\n") + 4 :]
+    if head:
+        return b"\r\n\r\n" in rest
+    c = _Collect()
+    try:
+        c.parser.feed_data(rest)
+    except httptools.HttpParserError:
+        return True  # not HTTP: the caller's parse reports it
+    return any(r.complete and r.status >= 200 for r in c.replies)
+
+
+# Short timeouts for servers under fuzz: a request the fuzzer left unfinished is closed soon.
+FUZZ_LIMITS = {"header_timeout": 2.0, "idle_timeout": 2.0}
 
 
 # ------------------------------------------------------------------ checks

@@ -30,6 +30,7 @@ from tests.integration.coord_harness import (
     wait_routable,
 )
 from tests.integration.fuzz import (
+    FUZZ_LIMITS,
     SETTINGS,
     RawRequest,
     anthropic_bodies,
@@ -55,7 +56,9 @@ async def engine(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Engi
 async def coord(
     tmp_path: Path, nats_server: EmbeddedNats, js: JetStreamContext, engine: Engine
 ) -> AsyncIterator[Coordinator]:
-    c = await start_coordinator(tmp_path, nats_server.url, api_keys=[USER], admin_keys=[ADMIN])
+    c = await start_coordinator(
+        tmp_path, nats_server.url, api_keys=[USER], admin_keys=[ADMIN], http=FUZZ_LIMITS
+    )
     try:
         await Cluster(Publisher(js)).add(engine)
         await wait_routable(c, headers=AS_USER)
@@ -88,7 +91,7 @@ async def test_fuzz_json_bodies(coord: Coordinator, engine: Engine) -> None:
         import orjson
 
         payload = orjson.dumps(data.draw(paths[path]))
-        head = f"POST {path} HTTP/1.1\r\nhost: f\r\nauthorization: Bearer {USER}\r\ncontent-length: {len(payload)}\r\n\r\n"
+        head = f"POST {path} HTTP/1.1\r\nhost: f\r\nauthorization: Bearer {USER}\r\nconnection: close\r\ncontent-length: {len(payload)}\r\n\r\n"
         replies = send_raw(coord.port, head.encode() + payload)
         assert replies, "no answer to a complete request"
         for r in replies:
@@ -122,7 +125,9 @@ async def test_fuzz_raw_requests(coord: Coordinator, engine: Engine) -> None:
 async def test_fuzz_refresh(tmp_path: Path, nats_server: EmbeddedNats, js: JetStreamContext) -> None:
     """Refresh bodies with the admin key, on their own coordinator (what they register points
     nowhere: nothing is routed here)."""
-    c = await start_coordinator(tmp_path, nats_server.url, api_keys=[USER], admin_keys=[ADMIN])
+    c = await start_coordinator(
+        tmp_path, nats_server.url, api_keys=[USER], admin_keys=[ADMIN], http=FUZZ_LIMITS
+    )
     try:
         paths = {
             "/v1/instances/refresh": refresh_bodies(free_port()),
