@@ -138,6 +138,26 @@ def anthropic_bodies(model: str) -> dict[str, st.SearchStrategy[dict[str, Any]]]
     }
 
 
+def native_bodies(model: str) -> dict[str, st.SearchStrategy[dict[str, Any]]]:
+    """The engine-native routes the coordinator passes through (seed 003)."""
+    models = st.just(model) | st.text(max_size=12)
+    sampling = body({}, {"max_new_tokens": _tokens, "temperature": st.floats(0, 2), "stop": _text})
+    texts = _text | st.lists(_text, max_size=3)
+    return {
+        "/generate": body(
+            {"text": _text}, {"model": models, "sampling_params": sampling, "stream": st.booleans()}
+        ),
+        "/v1/score": body(
+            {"text_1": texts, "text_2": texts}, {"model": models, "query": _text, "items": texts}
+        ),
+        "/v1/rerank": body(
+            {"query": _text, "documents": texts}, {"model": models, "top_n": st.integers(-1, 5)}
+        ),
+        "/tokenize": body({"prompt": _text}, {"model": models, "return_token_strs": st.booleans()}),
+        "/detokenize": body({"tokens": st.lists(st.integers(-1, 2**40), max_size=5)}, {"model": models}),
+    }
+
+
 def refresh_bodies(port: int) -> st.SearchStrategy[dict[str, Any]]:
     """Seed 001 refresh bodies (pointing at `port`, where nothing listens)."""
     static = body(

@@ -1,5 +1,6 @@
 """Fuzzing the coordinator's /v1 port (issue 12): Hypothesis-made JSON bodies and raw HTTP/1.1
-requests for chat, completions, embeddings, messages and refresh, against a real coordinator
+requests for chat, completions, embeddings, messages, the native routes (generate, score,
+rerank, tokenize) and refresh, against a real coordinator
 in front of a real builtin engine. Zero 5xx, zero crashed processes, every 4xx with a
 well-formed error body. `MOTOR_FUZZ_EXAMPLES` sets the examples (`just fuzz` runs many).
 """
@@ -35,6 +36,7 @@ from tests.integration.fuzz import (
     RawRequest,
     anthropic_bodies,
     check_reply,
+    native_bodies,
     openai_bodies,
     raw_requests,
     refresh_bodies,
@@ -78,7 +80,7 @@ def _no_tracebacks(c: Coordinator) -> None:
 
 
 def _bodies() -> dict[str, st.SearchStrategy[dict[str, Any]]]:
-    return {**openai_bodies(SERVED), **anthropic_bodies(SERVED)}
+    return {**openai_bodies(SERVED), **anthropic_bodies(SERVED), **native_bodies(SERVED)}
 
 
 async def test_fuzz_json_bodies(coord: Coordinator, engine: Engine) -> None:

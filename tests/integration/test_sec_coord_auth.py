@@ -141,6 +141,20 @@ async def test_user_routes_take_user_keys_either_header_any_case(coord: Coordina
     assert r.status == 200, r
 
 
+async def test_native_routes_need_a_user_key(coord: Coordinator) -> None:
+    tokenize = orjson.dumps({"model": MODEL, "prompt": "hi"})
+    for method, path in [
+        ("POST", "/generate"),
+        ("POST", "/v1/score"),
+        ("POST", "/v1%2Frerank"),
+        ("POST", "/tokenize"),
+        ("GET", f"/v1/models/{MODEL}"),
+    ]:
+        _openai_401(await exchange(coord.port, request(method, path, tokenize if method == "POST" else b"")))
+    assert (await exchange(coord.port, request("GET", f"/v1/models/{MODEL}", headers=AS_USER))).status == 200
+    assert (await exchange(coord.port, request("POST", "/tokenize", tokenize, AS_USER))).status == 200
+
+
 async def test_messages_401_is_anthropic_shaped(coord: Coordinator) -> None:
     for path in ("/v1/messages", "/v1/messages/count_tokens"):
         r = await exchange(coord.port, request("POST", path, MESSAGES))
