@@ -231,9 +231,11 @@ def install_engine_metrics(app: Any, ctx: Any) -> EngineScraper:
         """Prometheus HTTP service discovery: every engine's metrics address and labels."""
         return Response(orjson.dumps(sd_targets(ctx.table.describe())), media_type="application/json")
 
-    app.add_api_route("/metrics/engines", engines, methods=["GET"])
-    app.add_api_route("/instance/metrics", engines, methods=["GET"])
-    app.add_api_route("/prometheus/targets", targets, methods=["GET"])
+    # response_model=None: the annotations name a class imported here, which the OpenAPI
+    # description (`/openapi.json`) could not resolve.
+    app.add_api_route("/metrics/engines", engines, methods=["GET"], response_model=None)
+    app.add_api_route("/instance/metrics", engines, methods=["GET"], response_model=None)
+    app.add_api_route("/prometheus/targets", targets, methods=["GET"], response_model=None)
     app.router.on_startup.append(scraper.start)
     app.router.on_shutdown.append(scraper.stop)
     return scraper
