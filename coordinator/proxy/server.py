@@ -221,10 +221,11 @@ class ClientConn(LimitedProtocol):
     def on_handler_error(self, req: Request, exc: Exception, *, answered: bool) -> None:
         """A handler raised: answer 500 if nothing was written yet, else close; log one line."""
         self.watchdog.rejected(500, "internal_error")
+        client = req.headers.get(b"x-request-id")
         log.error(
-            "request %s (%s %s) failed: %s: %s",
+            "request %s (%s %s, x-request-id %r) failed: %s: %s",
             req.rid or "-", req.method.decode("latin-1"), req.raw_path.decode("latin-1")[:200],
-            type(exc).__name__, exc, exc_info=exc,
+            client.decode("latin-1")[:128] if client else None, type(exc).__name__, exc, exc_info=exc,
         )  # fmt: skip
         if answered:
             # Whatever was written, the response is no longer in a known state.
