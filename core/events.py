@@ -10,7 +10,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, FiniteFloat
 
 
 class _Frozen(BaseModel):
@@ -319,7 +319,9 @@ class StopCommandData(_Frozen):
 
 class EventBase(_Frozen):
     id: str
-    ts: float  # seconds since the Unix epoch; the only clock a fold ever sees
+    # Seconds since the Unix epoch; the only clock a fold ever sees. NaN or infinity would
+    # poison every max() and comparison downstream, so the codec refuses them.
+    ts: FiniteFloat
     source: str
     caused_by: CausedBy | None = None
     schema_version: int = 1

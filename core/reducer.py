@@ -2,7 +2,9 @@
 
 No clock reads: time comes from `event.ts`. Events about unknown entities are no-ops (a
 heartbeat before its registration, a command for a node that left), never errors, so a
-replay of any log prefix succeeds.
+replay of any log prefix succeeds. Handlers are total over what the codec accepts: a
+decodable event never raises here (the folds still guard `apply` and count what does as
+`inapplicable`, so a bug here costs one event, not the fold).
 """
 
 from __future__ import annotations
@@ -260,9 +262,23 @@ def _leader(s: ClusterState, ev: LeaderChanged, seq: int) -> Changes:
     return dict(leader=ev.data, leader_ts=ev.ts)
 
 
+def _ext_id(raw: Any) -> int | None:
+    """An external instance's id, or None when it has none usable (the entry is then ignored)."""
+    if isinstance(raw, bool):
+        return None
+    if isinstance(raw, int):
+        return raw
+    if isinstance(raw, str) and raw.strip().lstrip("-").isdigit():
+        return int(raw)
+    return None
+
+
 def _refreshed(s: ClusterState, ev: InstancesRefreshed, seq: int) -> Changes:
+    # Any client with publish rights can write this event, and the coordinator validated only
+    # what it wrote itself: an entry without a usable id is ignored, never a KeyError that
+    # would stop every fold of the log at this sequence.
     d = ev.data
-    given = {int(i["id"]): i for i in d.instances}
+    given = {i: e for e in d.instances if (i := _ext_id(e.get("id"))) is not None}
     if d.event == "set":
         external: immutables.Map[int, dict[str, Any]] = immutables.Map(given)
     elif d.event == "add":

@@ -73,3 +73,14 @@ def test_upcaster_lifts_old_shape(monkeypatch: pytest.MonkeyPatch) -> None:
     assert calls == [1]
     assert ev.schema_version == 2
     assert ev.data.pod_ip == "10.0.0.1"  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("ts", ["NaN", "Infinity", "-Infinity", "1e999"])
+def test_non_finite_ts_is_refused(ts: str) -> None:
+    """A NaN or infinite `ts` would poison every max() and silence computation of a fold."""
+    body = codec.encode(registered("n1")).replace(b'"ts":1.0', f'"ts":{ts}'.encode())
+    assert f'"ts":{ts}'.encode() in body
+    with pytest.raises(DecodeError):
+        codec.decode(body)
+    with pytest.raises(DecodeError):
+        codec.decode_dict({**orjson.loads(codec.encode(registered("n1"))), "ts": float(ts)})

@@ -1,5 +1,13 @@
 """Table tests for `apply`: each event type and each transition it drives."""
 
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from core.codec import decode
 from core.events import (
     CommandApplied,
     CommandAppliedData,
@@ -247,3 +255,85 @@ def test_state_dict_roundtrip() -> None:
     again = state_from_dict(state_to_dict(s))
     assert state_to_dict(again) == state_to_dict(s)
     assert again == s
+
+
+@pytest.mark.parametrize(
+    "entries",
+    [
+        ({"ip": "1.2.3.4", "port": 2000},),  # no id at all: the poison event of issue 11
+        ({"id": None},),
+        ({"id": "seven"},),
+        ({"id": True},),
+        ({"id": [7]},),
+        ({"id": {"n": 7}},),
+        ({"id": 1.5},),
+    ],
+)
+@pytest.mark.parametrize("verb", ["set", "add"])
+def test_refresh_entries_without_a_usable_id_are_ignored(
+    entries: tuple[dict[str, Any], ...], verb: str
+) -> None:
+    good = {"id": 8, "ip": "1.2.3.5", "port": 2001}
+    data = InstancesRefreshedData.model_validate({"event": verb, "ids": [8], "instances": [*entries, good]})
+    s = apply(base(), InstancesRefreshed(id="r", ts=6, source="rogue", data=data), 5)
+    assert dict(s.external) == {8: good} and s.last_seq == 5
+
+
+def test_refresh_ids_given_as_digit_strings_still_count() -> None:
+    data = InstancesRefreshedData(event="set", ids=(7,), instances=({"id": "7", "ip": "1.2.3.4"},))
+    s = apply(base(), InstancesRefreshed(id="r", ts=6, source="co", data=data), 5)
+    assert list(s.external) == [7]
+
+
+_JSON = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**63 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    verb=st.sampled_from(["set", "add", "del"]),
+    entries=st.lists(
+        st.dictionaries(st.sampled_from(["id", "ip", "port", "x"]), _JSON, max_size=4), max_size=4
+    ),
+)
+def test_apply_never_raises_on_any_decodable_refresh(verb: str, entries: list[dict[str, Any]]) -> None:
+    raw = {"id": "r", "type": "instances.refreshed", "ts": 6, "source": "any", "data": {}}
+    raw["data"] = {"event": verb, "ids": [], "instances": entries}
+    ev = decode(orjson.dumps(raw))
+    s = apply(base(), ev, 5)
+    assert s.last_seq == 5
+
+
+def test_events_about_unknown_entities_are_no_ops() -> None:
+    """Decodable events a rogue or stale producer may write about things the log never had."""
+    s0 = base()
+    unknown = [
+        CommandApplied(
+            id="a", ts=9, source="x", data=CommandAppliedData(command_id="c?", node_id="n9", verb="stop")
+        ),
+        CommandApplied(
+            id="b", ts=9, source="x", data=CommandAppliedData(command_id="c?", node_id="n1", verb="stop")
+        ),
+        InstanceStateChanged(
+            id="c",
+            ts=9,
+            source="x",
+            data=InstanceStateChangedData(instance_id=99, state=InstanceState.TERMINATED),
+        ),
+        PrecisionAlarmCleared(id="d", ts=9, source="x", data=PrecisionAlarmClearedData(d_instance_id=99)),
+        FaultCleared(id="e", ts=9, source="x", data=FaultClearedData(fault_id="f?", node_id="n9")),
+        start_cmd("n9", 5),
+        ep_status("n9", "READY"),
+        assembled(7, ["n9"]),
+    ]
+    s = s0
+    for i, ev in enumerate(unknown, 10):
+        s = apply(s, ev, i)
+    assert s.nodes == s0.nodes
