@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
@@ -26,7 +27,8 @@ import orjson
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
-from nats.errors import ConnectionClosedError, NoRespondersError
+from nats.errors import Error as NatsError
+from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 
 from streams.connection import options_for
@@ -37,6 +39,9 @@ log = logging.getLogger(__name__)
 
 API_TIMEOUT = 5.0
 STREAM_NOT_FOUND = 10059
+# Longest wait between two tries to recreate a consumer: bounds how long delivery stays off
+# after NATS comes back.
+MAX_RETRY_DELAY = 2.0
 
 
 class Delivery(NamedTuple):
@@ -51,6 +56,10 @@ class Delivery(NamedTuple):
 
 class StreamMissing(StreamsError):
     """The stream to read does not exist."""
+
+
+class StreamReplaced(StreamsError):
+    """The stream was deleted and created again: its sequences are not the ones read so far."""
 
 
 async def js_api(nc: Client, subject: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -202,6 +211,7 @@ class PushConsumer:
         filter_subject: str | None = None,
         idle_heartbeat: float = 2.0,
         raw: bool | None = None,
+        expect_created: str | None = None,
     ) -> None:
         self.nc = nc
         self.stream = stream
@@ -210,6 +220,11 @@ class PushConsumer:
         self.filter_subject = filter_subject
         self.idle_heartbeat = idle_heartbeat
         self.raw = raw  # None: raw when possible; False: always nats-py
+        # The stream's `created` time when reading began: a (re)start on a stream created
+        # since would resume at sequences of another log (StreamReplaced instead).
+        self.expect_created = expect_created
+        # Called after every successful (re)start with the pending count: delivery works again.
+        self.on_start: Callable[[int], None] | None = None
         self.last_seq = 0  # stream sequence of the last message handed out
         self.resets = 0
         self.transport = ""  # "raw" | "nats-py", for logs and tests
@@ -266,6 +281,13 @@ class PushConsumer:
 
     async def start(self) -> int:
         """Create the consumer; return how many matching messages it has pending."""
+        if self.expect_created is not None:
+            info = await js_api(self.nc, f"$JS.API.STREAM.INFO.{self.stream}")
+            if info.get("created") != self.expect_created:
+                raise StreamReplaced(
+                    f"stream {self.stream} was created again ({info.get('created')}, "
+                    f"read since {self.expect_created})"
+                )
         # Subscribe before the consumer exists, so its first message has somewhere to go.
         sink = self._sink = await self._open_sink()
         resp = await js_api(
@@ -275,26 +297,40 @@ class PushConsumer:
         )
         self._name = resp["name"]
         self._cseq = 0
-        return int(resp.get("num_pending", 0))
+        pending = int(resp.get("num_pending", 0))
+        if self.on_start is not None:
+            self.on_start(pending)
+        return pending
 
     async def _reset(self, why: str) -> None:
         self.resets += 1
         log.info("consumer on %s reset after seq %d: %s", self.stream, self.last_seq, why)
         await self._drop()
         delay = 0.1
+        tries = 0
         while not self._closed:
             try:
                 await self.start()
+                if tries:
+                    log.info("consumer on %s recreated after %d failed tries", self.stream, tries)
                 return
-            except StreamMissing:
-                raise
-            except (StreamsError, ConnectionClosedError, OSError, TimeoutError) as exc:
-                log.warning(
-                    "consumer on %s: cannot recreate (%s); retrying in %.1fs", self.stream, exc, delay
-                )
+            except (StreamMissing, StreamReplaced):
+                await self._drop()
+                raise  # not a transient fault: the caller decides (streams.livefold waits for it)
+            except (StreamsError, NatsError, OSError, TimeoutError) as exc:
+                tries += 1
+                # An outage of any length is retried forever; say so once, then every ~minute.
+                if tries == 1 or tries % 30 == 0:
+                    log.warning(
+                        "consumer on %s: cannot recreate (%s); retrying every %.1fs (try %d)",
+                        self.stream,
+                        exc,
+                        delay,
+                        tries,
+                    )
                 await self._drop()
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
+                delay = min(delay * 2, MAX_RETRY_DELAY)
 
     async def _drop(self) -> None:
         sink, self._sink = self._sink, None

@@ -2,13 +2,14 @@
 
 Both sit on one ordered push consumer (`streams.consumer`), measured 3–5× faster than
 `fetch()`. Events this code cannot decode (unknown type, newer schema, garbage) are
-skipped and counted, never fatal: a new producer must not stop an old reader.
+skipped and counted, never fatal: a new producer must not stop an old reader. Services
+that fold the log for as long as they run use `streams.livefold.LiveFold`, which adds
+outage, lost-log and poison handling on top of the same consumer.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -16,10 +17,13 @@ from dataclasses import dataclass
 from nats.aio.client import Client
 
 from core.codec import decode
-from core.errors import DecodeError, NewerSchema, UnknownEventType
+from core.errors import DecodeError
 from core.events import AnyEvent
 from streams.consumer import Delivery, PushConsumer, js_api
 from streams.definitions import MOTOR_STREAM
+from streams.poison import SkipLog, reason_for
+
+__all__ = ["Follower", "Record", "SkipCounter", "read_batches", "read_deliveries", "read_range", "reason_for"]
 
 log = logging.getLogger(__name__)
 
@@ -34,29 +38,16 @@ class Record:
     event: AnyEvent
 
 
-def reason_for(exc: DecodeError) -> str:
-    """A short name for why an event was skipped (unknown_type, newer_schema, undecodable)."""
-    if isinstance(exc, UnknownEventType):
-        return "unknown_type"
-    if isinstance(exc, NewerSchema):
-        return "newer_schema"
-    return "undecodable"
-
-
-class SkipCounter:
-    """Counts what could not be decoded, logging the first of each kind."""
+class SkipCounter(SkipLog):
+    """A `SkipLog` for one stream, fed deliveries that could not be decoded."""
 
     def __init__(self, stream: str) -> None:
+        super().__init__()
         self.stream = stream
-        self.total = 0
-        self.by_reason: collections.Counter[str] = collections.Counter()
 
-    def note(self, d: Delivery, exc: DecodeError) -> None:
-        reason = reason_for(exc)
-        self.total += 1
-        self.by_reason[reason] += 1
-        if self.by_reason[reason] == 1:
-            log.warning("%s seq %d (%s) skipped: %s", self.stream, d.seq, d.subject, exc)
+    def skip(self, d: Delivery, exc: DecodeError) -> None:
+        """Record one delivery the codec refused."""
+        self.decode_error(self.stream, d.seq, d.subject, exc)
 
 
 async def stream_last_seq(nc: Client, stream: str = MOTOR_STREAM) -> int:
@@ -154,7 +145,7 @@ async def read_range(
         try:
             ev = decode(d.data)
         except DecodeError as exc:
-            skips.note(d, exc)
+            skips.skip(d, exc)
             continue
         yield Record(stream, d.seq, d.subject, ev)
 
@@ -233,7 +224,7 @@ class Follower:
                 try:
                     ev = decode(d.data)
                 except DecodeError as exc:
-                    self._skips.note(d, exc)
+                    self._skips.skip(d, exc)
                 else:
                     yield Record(stream, d.seq, d.subject, ev)
                 # Set only once the caller has taken the record: "caught up" then means its

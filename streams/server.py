@@ -205,6 +205,17 @@ class EmbeddedNats:
             self._log_fh.close()
             self._log_fh = None
 
+    async def kill(self) -> None:
+        """SIGKILL the server (a crash: nothing flushed beyond what it synced); `start` reuses port and store."""
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
+        if self._log_fh is not None:
+            self._log_fh.close()
+            self._log_fh = None
+
     async def __aenter__(self) -> EmbeddedNats:
         await self.start()
         return self

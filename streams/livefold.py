@@ -1,0 +1,417 @@
+"""LiveFold: follow MOTOR (and optionally MOTOR_HB) into a caller's fold for as long as it runs.
+
+The one place where a long-lived reader of the log meets every fault, so the controller, the
+coordinator, the node agent's resync observer and `motor up`'s live view handle each once:
+
+- **outage** (NATS away, frozen, restarted; any length): the consumer is recreated where the
+  fold stopped, for ever; nothing ends. Each time delivery works again `hearing_since` moves
+  (`after_reconnect`), so a caller that judges silence can give nodes a grace.
+- **stream away** (`StreamMissing`, e.g. while JetStream restores after a restart, or between
+  a delete and a create): wait; resume when it is back, as the same stream or a new one.
+- **lost log** (purged, deleted and created again, rewound; see `streams.lostlog`): the fold
+  starts over from the stream's start after calling `on_lost(reason)`, so the caller can
+  rebuild its state from what the log holds now (`on_log_lost`).
+- **poison** (undecodable, unknown type, newer schema, inapplicable: the apply callback
+  raised): skipped, counted by reason, logged once with stream and sequence
+  (`streams.poison`); the fold goes on.
+
+Apply callbacks are synchronous and run in stream order; `position` is the sequence of the
+last MOTOR message handled (applied or skipped), which is what `wait_for` waits on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from nats.aio.client import Client
+from nats.errors import Error as NatsError
+
+from core.codec import decode
+from core.errors import DecodeError
+from streams.consumer import Delivery, PushConsumer, StreamMissing, StreamReplaced, js_api
+from streams.definitions import HB_STREAM, MOTOR_STREAM
+from streams.errors import StreamsError
+from streams.lostlog import LossDetector, StreamView
+from streams.poison import SkipLog, Skipped
+from streams.reader import Record
+
+log = logging.getLogger(__name__)
+
+Apply = Callable[[Record], None]
+OnLost = Callable[[str], Awaitable[None] | None]
+
+RETRY_MAX = 2.0  # longest pause before a consumer is tried again after an unexpected error
+
+
+@dataclass(frozen=True, slots=True)
+class FoldHealth:
+    """What a LiveFold knows about itself, for probes, metrics and `motor up`'s view."""
+
+    connected: bool  # the NATS client is connected
+    following: bool  # every stream is present and its consumer delivering
+    caught_up: bool
+    position: int  # MOTOR sequence of the last message handled (applied or skipped)
+    stream_last_seq: int  # at the last check
+    lag: int  # messages the stream held beyond `position` at the last check
+    skipped: dict[str, int]
+    resets: int  # consumer recreations (outages, gaps, lost heartbeats)
+    lost: int  # times the log was found lost and the fold started over
+    hearing_since: float  # wall-clock time delivery last (re)started
+
+    def describe(self) -> str:
+        """One line for logs and status displays."""
+        state = "following" if self.following else "waiting for the log"
+        skipped = ", ".join(f"{k} {v}" for k, v in sorted(self.skipped.items())) or "none"
+        return (
+            f"{state}; seq {self.position} (lag {self.lag}); {self.resets} resets, "
+            f"{self.lost} lost-log restarts; skipped: {skipped}"
+        )
+
+
+class _Lane:
+    """One stream's consumer loop inside a LiveFold."""
+
+    def __init__(self, stream: str) -> None:
+        self.stream = stream
+        self.caught_up = False
+        self.away = False  # the stream is missing (or replaced) and the lane waits for the watcher
+        self.missing = False  # the watcher found no stream at its last check
+        self.back = asyncio.Event()
+        self.created: str | None = None
+        self.consumer: PushConsumer | None = None
+        self.task: asyncio.Task[None] | None = None
+        self.resets = 0  # of consumers already closed
+
+
+class LiveFold:
+    """Ordered consumption of MOTOR (optionally filtered) and MOTOR_HB into apply callbacks."""
+
+    def __init__(
+        self,
+        nc: Client,
+        apply: Apply,
+        *,
+        stream: str = MOTOR_STREAM,
+        start_seq: int | None = None,
+        filter_subject: str | None = None,
+        heartbeats: Apply | None = None,
+        on_lost: OnLost | None = None,
+        on_skip: Callable[[Skipped], None] | None = None,
+        check_interval: float = 2.0,
+        idle_heartbeat: float = 2.0,
+        clock: Callable[[], float] = time.time,
+        name: str = "fold",
+    ) -> None:
+        self.nc = nc
+        self.apply = apply
+        self.stream = stream
+        self.start_seq = start_seq
+        self.filter_subject = filter_subject
+        self.heartbeats = heartbeats
+        self.on_lost = on_lost
+        self.check_interval = check_interval
+        self.idle_heartbeat = idle_heartbeat
+        self.clock = clock
+        self.name = name
+        self.skips = SkipLog(on_skip=on_skip)
+        self.caught_up = asyncio.Event()  # cleared while the fold starts over after a lost log
+        self.position = 0
+        self.hearing_since = 0.0
+        self.lost = 0
+        self.last_view: StreamView | None = None
+        self.detector = LossDetector()
+        self._motor = _Lane(stream)
+        self._hb = _Lane(HB_STREAM) if heartbeats is not None else None
+        self._waiters: list[tuple[int, asyncio.Future[None]]] = []
+        self._watch_task: asyncio.Task[None] | None = None
+        self._closed = False
+
+    # ------------------------------------------------------------------ public
+
+    async def start(self) -> None:
+        """Begin following (returns at once; an unreachable NATS only delays delivery)."""
+        self._motor.task = asyncio.create_task(self._run(self._motor), name=f"{self.name}-{self.stream}")
+        if self._hb is not None:
+            self._hb.task = asyncio.create_task(self._run(self._hb), name=f"{self.name}-{HB_STREAM}")
+        self._watch_task = asyncio.create_task(self._watch(), name=f"{self.name}-watch")
+
+    async def wait_for(self, seq: int, within: float) -> bool:
+        """Wait until MOTOR is handled up to `seq` (a message this fold's filter matches); False on timeout."""
+        if self.position >= seq:
+            return True
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append((seq, fut))
+        try:
+            async with asyncio.timeout(within):
+                await fut
+        except TimeoutError:
+            return False
+        finally:
+            fut.cancel()  # a no-op when resolved; drops a waiter that timed out
+        return True
+
+    @property
+    def skipped(self) -> dict[str, int]:
+        """Events skipped so far, by reason."""
+        return dict(self.skips.by_reason)
+
+    def health(self) -> FoldHealth:
+        """A snapshot of connection, position, lag, skips, resets and lost-log restarts."""
+        lanes = [x for x in (self._motor, self._hb) if x is not None]
+        view = self.last_view
+        last = view.last_seq if view is not None else 0
+        return FoldHealth(
+            connected=bool(self.nc.is_connected),
+            following=all(x.consumer is not None and not x.away for x in lanes),
+            caught_up=self.caught_up.is_set(),
+            position=self.position,
+            stream_last_seq=last,
+            lag=max(0, last - self.position),
+            skipped=self.skipped,
+            resets=sum(x.resets + (x.consumer.resets if x.consumer else 0) for x in lanes),
+            lost=self.lost,
+            hearing_since=self.hearing_since,
+        )
+
+    async def close(self) -> None:
+        """Stop following and delete the consumers."""
+        self._closed = True
+        tasks = [t for t in (self._watch_task, self._motor.task, self._hb.task if self._hb else None) if t]
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        for w in self._waiters:
+            w[1].cancel()
+
+    # ------------------------------------------------------------------ lanes
+
+    async def _run(self, lane: _Lane) -> None:
+        delay = 0.1
+        while not self._closed:
+            pc = self._consumer(lane)
+            try:
+                pending = await pc.start()
+                if pending == 0:
+                    self._lane_caught_up(lane)
+                while batch := await pc.next_batch():
+                    if lane is self._motor:
+                        self._fold_motor(batch)
+                    else:
+                        self._fold_hb(batch)
+                    delay = 0.1
+            except asyncio.CancelledError:
+                await self._close_consumer(lane, pc)
+                raise
+            except (StreamMissing, StreamReplaced) as exc:
+                # The watcher tells a stream that is back as itself from a new one (lost log).
+                if not lane.away and not lane.missing:
+                    log.warning("%s: %s; waiting for it", self.name, exc)
+                lane.away = True
+                lane.back.clear()
+                await self._close_consumer(lane, pc)
+                await lane.back.wait()
+                continue
+            except (StreamsError, NatsError, OSError, TimeoutError) as exc:
+                log.warning("%s: %s consumer failed (%s); again in %.1fs", self.name, lane.stream, exc, delay)
+            except Exception:  # a bug must not end the fold: log it loudly and go on
+                log.exception("%s: %s consumer failed; again in %.1fs", self.name, lane.stream, delay)
+            await self._close_consumer(lane, pc)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, RETRY_MAX)
+
+    def _consumer(self, lane: _Lane) -> PushConsumer:
+        if lane is self._motor:
+            start = self.position + 1 if self.position else self.start_seq
+            filt = self.filter_subject
+        else:
+            start, filt = None, None  # heartbeats: the latest per node is all there is
+        pc = PushConsumer(
+            self.nc,
+            lane.stream,
+            start_seq=start,
+            filter_subject=filt,
+            idle_heartbeat=self.idle_heartbeat,
+            expect_created=lane.created,
+        )
+        pc.on_start = lambda pending: self._started(lane, pc)
+        return pc
+
+    def _started(self, lane: _Lane, pc: PushConsumer) -> None:
+        # `after_reconnect`: delivery works again, so silence is measured from now on.
+        lane.away = False
+        lane.consumer = pc
+        self.hearing_since = self.clock()
+
+    async def _close_consumer(self, lane: _Lane, pc: PushConsumer) -> None:
+        lane.resets += pc.resets
+        pc.resets = 0
+        if lane.consumer is pc:
+            lane.consumer = None
+        with contextlib.suppress(Exception):
+            await pc.close()
+
+    def _lane_caught_up(self, lane: _Lane) -> None:
+        if lane.caught_up:
+            return
+        lane.caught_up = True
+        if self._motor.caught_up and (self._hb is None or self._hb.caught_up):
+            self.caught_up.set()
+            self.hearing_since = self.clock()
+
+    def _fold_motor(self, batch: list[Delivery]) -> None:
+        apply, skips, stream = self.apply, self.skips, self.stream
+        for d in batch:
+            try:
+                ev = decode(d.data)
+            except DecodeError as exc:
+                skips.decode_error(stream, d.seq, d.subject, exc)
+            else:
+                try:
+                    apply(Record(stream, d.seq, d.subject, ev))
+                except Exception as exc:  # one inapplicable event must not stop the fold
+                    skips.apply_error(stream, d.seq, d.subject, exc)
+        last = batch[-1]
+        self.position = last.seq
+        self.detector.seen(last.seq, last.ts_ns / 1e9)
+        if self._waiters:
+            self._wake()
+        if last.pending == 0:
+            self._lane_caught_up(self._motor)
+
+    def _fold_hb(self, batch: list[Delivery]) -> None:
+        apply, skips = self.heartbeats, self.skips
+        assert apply is not None
+        for d in batch:
+            try:
+                apply(Record(HB_STREAM, d.seq, d.subject, decode(d.data)))
+            except DecodeError as exc:
+                skips.decode_error(HB_STREAM, d.seq, d.subject, exc)
+            except Exception as exc:
+                skips.apply_error(HB_STREAM, d.seq, d.subject, exc)
+        if batch[-1].pending == 0 and self._hb is not None:
+            self._lane_caught_up(self._hb)
+
+    def _wake(self) -> None:
+        seq = self.position
+        keep = []
+        for want, fut in self._waiters:
+            if fut.done():
+                continue
+            if want <= seq:
+                fut.set_result(None)
+            else:
+                keep.append((want, fut))
+        self._waiters = keep
+
+    # ------------------------------------------------------------------ watch
+
+    async def _watch(self) -> None:
+        tick = 0
+        while not self._closed:
+            try:
+                await self._check_motor()
+                if self._hb is not None and (tick % 3 == 0 or self._hb.away):
+                    await self._check_hb(self._hb)
+            except asyncio.CancelledError:
+                raise
+            except (StreamsError, NatsError, OSError, TimeoutError) as exc:
+                log.debug("%s: stream check failed: %s", self.name, exc)
+            except Exception:
+                log.exception("%s: stream check failed", self.name)
+            tick += 1
+            await asyncio.sleep(self.check_interval)
+
+    async def _info(self, stream: str) -> dict[str, Any] | None:
+        try:
+            return await js_api(self.nc, f"$JS.API.STREAM.INFO.{stream}")
+        except StreamMissing:
+            return None
+
+    async def _check_motor(self) -> None:
+        lane = self._motor
+        info = await self._info(lane.stream)
+        if info is None:
+            if not lane.missing:
+                log.warning("%s: stream %s is missing; waiting for it", self.name, lane.stream)
+            lane.missing = True
+            return
+        lane.missing = False
+        view = StreamView.from_info(info)
+        self.last_view = view
+        if lane.created is None:
+            lane.created = view.created
+        reason = self.detector.observe(view, self.position)
+        if reason is not None:
+            await self._log_lost(reason, view)
+        elif lane.away:
+            log.info("%s: stream %s is back; resuming after seq %d", self.name, lane.stream, self.position)
+            lane.back.set()
+
+    async def _check_hb(self, lane: _Lane) -> None:
+        info = await self._info(lane.stream)
+        if info is None:
+            return
+        created = str(info.get("created", ""))
+        if lane.created is None:
+            lane.created = created
+        elif created != lane.created:
+            # Heartbeats carry no history worth keeping: read the new stream from its start.
+            log.warning("%s: stream %s was created again; reading it from its start", self.name, lane.stream)
+            lane.created = created
+            await self._restart_lane(lane)
+            return
+        if lane.away:
+            lane.back.set()
+
+    async def _stop_lane(self, lane: _Lane) -> None:
+        if lane.task is not None:
+            lane.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await lane.task
+            lane.task = None
+
+    async def _restart_lane(self, lane: _Lane) -> None:
+        await self._stop_lane(lane)
+        lane.away = False
+        lane.back.clear()
+        if not self._closed:
+            lane.task = asyncio.create_task(self._run(lane), name=f"{self.name}-{lane.stream}")
+
+    async def _log_lost(self, reason: str, view: StreamView) -> None:
+        """`on_log_lost`: start the fold over from the start of what the stream holds now."""
+        self.lost += 1
+        log.warning(
+            "%s: the log lost what was folded (%s); folding %s again from seq %d",
+            self.name,
+            reason,
+            self.stream,
+            view.first_seq,
+        )
+        lane = self._motor
+        await self._stop_lane(lane)
+        self.caught_up.clear()
+        lane.caught_up = False
+        lane.away = False
+        lane.back.clear()
+        lane.created = view.created
+        self.position = 0
+        self.start_seq = None
+        self.detector.reset(view)
+        if self.on_lost is not None:
+            try:
+                res = self.on_lost(reason)
+                if inspect.isawaitable(res):
+                    await res
+            except Exception:
+                log.exception("%s: on_lost failed", self.name)
+        if not self._closed:
+            lane.task = asyncio.create_task(self._run(lane), name=f"{self.name}-{lane.stream}")
