@@ -1,12 +1,18 @@
-"""Appending decisions: each guarded by its subject's last folded sequence.
+"""Appending decisions, each fenced by the leader's own announcement.
 
-A decision lands only if its entity's subject has not moved since the state it was decided
-on; otherwise JetStream refuses it (`SequenceConflict`), the batch stops, and the controller
-folds what the other writer wrote and decides again. Nothing here raises to the caller.
+A leader announces itself with `controller.leader_changed` on the leader subject, guarded
+by that subject's last folded sequence (two controllers cannot both announce on the same
+past). Every decision after that carries `Nats-Expected-Last-Subject-Sequence: <that seq>`
+for `Nats-Expected-Last-Subject-Sequence-Subject: <leader subject>`: JetStream refuses it
+(`Fenced`) once any other controller has announced itself, however late the write arrives
+(a frozen process, a slow network). The fence replaces the per-entity subject guard: only
+the leader writes decisions, and level-based deciding on its own folded appends
+(`awaited`, derived ids) keeps it from repeating itself. Nothing here raises to the caller.
 """
 
 from __future__ import annotations
 
+import enum
 import logging
 from collections.abc import Callable, Sequence
 
@@ -16,11 +22,20 @@ from nats.js.errors import NotFoundError
 from controller.decision import Decision
 from controller.fold import Fold
 from controller.metrics import ControllerMetrics
+from core import subjects
 from streams.definitions import MOTOR_STREAM
 from streams.errors import SequenceConflict, StreamsError
 from streams.publisher import Publisher
 
 log = logging.getLogger(__name__)
+
+
+class Outcome(enum.Enum):
+    """How an append batch ended."""
+
+    DONE = "done"  # every decision landed
+    STOPPED = "stopped"  # an error or a lapsed lease stopped it; try again next tick
+    FENCED = "fenced"  # another controller announced itself: this one is deposed
 
 
 class Appender:
@@ -30,6 +45,13 @@ class Appender:
         self.metrics = metrics
         self.publisher = Publisher(js)
         self.awaited = 0  # highest sequence appended: decide again only once it is folded
+        self.fence: int | None = None  # seq of this leader's own announcement
+        self.landed = 0  # decisions of the last batch that landed (duplicates included)
+
+    def reset(self) -> None:
+        """Forget positions of a log that is gone (a lost log: sequences start over)."""
+        self.awaited = 0
+        self.fence = None
 
     async def expected(self, subject: str) -> int | None:
         """The subject's last sequence as folded; None when the stream is ahead of the fold."""
@@ -41,36 +63,61 @@ class Appender:
             last = int(msg.seq or 0)
         except NotFoundError:
             last = 0
+        except Exception as exc:  # NATS slow or away: no guard to give, so no write
+            log.warning("cannot read the last sequence of %s: %s", subject, exc)
+            return None
         if last > self.fold.state.last_seq:
             return None  # written after what we folded: fold it first
         self.fold.subject_seq[subject] = last
         return last
 
-    async def append(self, decisions: Sequence[Decision], may_write: Callable[[], bool]) -> int:
-        """Append in order until one fails; return how many landed (duplicates included)."""
-        guard: dict[str, int] = {}
-        done = 0
+    async def announce(self, decision: Decision, may_write: Callable[[], bool]) -> int | None:
+        """Append this leader's `controller.leader_changed`; its sequence becomes the fence."""
+        if not may_write():
+            return None
+        expected = await self.expected(subjects.LEADER)
+        if expected is None:
+            return None
+        try:
+            seq = await self.publisher.publish(decision.event, expected_last_subject_seq=expected)
+        except SequenceConflict as exc:
+            self.metrics.conflicts.inc()
+            log.info("another controller announced itself first (%s); folding it", exc)
+            return None
+        except StreamsError as exc:
+            self.metrics.append_errors.inc()
+            log.warning("announcing the new term failed: %s; trying again", exc)
+            return None
+        self.fence = seq
+        self.awaited = max(self.awaited, seq)
+        self.metrics.decisions.labels(decision.event.type).inc()  # type: ignore[attr-defined]
+        log.info("seq %d: %s (every decision is fenced by it)", seq, decision.summary())
+        return seq
+
+    async def append(self, decisions: Sequence[Decision], may_write: Callable[[], bool]) -> Outcome:
+        """Append in order until one fails; `landed` says how many did (duplicates included)."""
+        self.landed = 0
+        fence = self.fence
+        if fence is None:
+            return Outcome.STOPPED
         for d in decisions:
             if not may_write():
-                log.info("lease no longer valid: %d decision(s) not appended", len(decisions) - done)
-                break
-            subject = d.subject
-            expected: int | None = guard[subject] if subject in guard else await self.expected(subject)
-            if expected is None:
-                break
+                log.info("lease no longer valid: %d decision(s) not appended", len(decisions) - self.landed)
+                return Outcome.STOPPED
             try:
-                seq = await self.publisher.publish(d.event, expected_last_subject_seq=expected)
+                seq = await self.publisher.publish(
+                    d.event, expected_last_subject_seq=fence, expected_subject=subjects.LEADER
+                )
             except SequenceConflict as exc:
-                self.metrics.conflicts.inc()
-                log.info("someone else wrote first (%s); folding and deciding again", exc)
-                break
+                self.metrics.fenced.inc()
+                log.warning("decision %s refused: %s; another controller leads now", d.summary(), exc)
+                return Outcome.FENCED
             except StreamsError as exc:
                 self.metrics.append_errors.inc()
                 log.warning("append of %s failed: %s; retrying on the next tick", d.summary(), exc)
-                break
-            guard[subject] = seq
+                return Outcome.STOPPED
             self.awaited = max(self.awaited, seq)
             self.metrics.decisions.labels(d.event.type).inc()  # type: ignore[attr-defined]
             log.info("seq %d: %s", seq, d.summary())
-            done += 1
-        return done
+            self.landed += 1
+        return Outcome.DONE

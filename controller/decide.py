@@ -2,8 +2,8 @@
 
 Level-based like a Kubernetes reconciler: look at the folded state, emit the events that close
 the gap, and nothing when there is none, so deciding again on the state after its own
-decisions were applied yields nothing new. No I/O and no clock: `now` is given, which is what
-lets `motor replay --verify` re-run it over the log.
+decisions were applied yields nothing new. No I/O and no clock: `now` (and `hearing_since`,
+the heartbeat grace) are given, which is what lets `motor replay --verify` re-run it over the log.
 """
 
 from __future__ import annotations
@@ -23,10 +23,19 @@ TERMINATED = InstanceState.TERMINATED
 
 
 def decide(
-    state: ClusterState, cfg: ClusterConfig, now: float, *, source: str = "controller"
+    state: ClusterState,
+    cfg: ClusterConfig,
+    now: float,
+    *,
+    source: str = "controller",
+    hearing_since: float = 0.0,
 ) -> list[Decision]:
-    """What the controller appends next, given the state folded so far and the time."""
-    ctx = Ctx.build(state, cfg, now, source)
+    """What the controller appends next, given the state folded so far and the time.
+
+    `hearing_since` is when the controller last began to hear heartbeats (it caught up,
+    reconnected to NATS, or took over the lease): no node is judged silent for longer.
+    """
+    ctx = Ctx.build(state, cfg, now, source, hearing_since)
     # A batch is appended in order and `motor replay --verify` re-derives each decision on the
     # state after the ones before it, so no decision may be invalidated by folding an earlier
     # one of its batch. Whatever a pending replacement (isolate now, terminate next round)

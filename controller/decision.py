@@ -84,10 +84,20 @@ class Ctx:
     now: float
     idx: Index
     source: str = "controller"
+    # Since when the controller could hear heartbeats (caught up, reconnected, took over):
+    # silence before it is the controller's deafness, not the node's (controller.liveness).
+    hearing_since: float = 0.0
 
     @classmethod
-    def build(cls, state: ClusterState, cfg: ClusterConfig, now: float, source: str = "controller") -> Ctx:
-        return cls(state, cfg, now, build_index(state), source)
+    def build(
+        cls,
+        state: ClusterState,
+        cfg: ClusterConfig,
+        now: float,
+        source: str = "controller",
+        hearing_since: float = 0.0,
+    ) -> Ctx:
+        return cls(state, cfg, now, build_index(state), source, hearing_since)
 
     # ------------------------------------------------------------------ event builders
 

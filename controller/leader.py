@@ -1,9 +1,13 @@
 """The leader lease: one key in the `motor_leader` KV bucket, whose TTL is the lease.
 
 `create` wins an empty (or expired, or released) key; the holder renews with `update` at the
-revision it last wrote, every TTL/2. A holder that cannot renew in time stops deciding before
-its lease can have lapsed on the server (`valid`), and every decision it appends is guarded by
-expected-last-subject-sequence anyway, so a late write of a deposed leader fails.
+revision it last wrote, every TTL/5. A holder that cannot renew in time stops deciding before
+its lease can have lapsed on the server (`valid`). Every decision it appends is fenced by the
+sequence of its own `controller.leader_changed` (controller.appender), so even a write delayed
+past that point fails once another controller has announced itself.
+
+Nothing here raises: NATS slow or away is a failed try (the outcome of a write that timed out
+is unknown, so a create that may have landed is adopted when the key turns out to be ours).
 """
 
 from __future__ import annotations
@@ -15,7 +19,6 @@ from dataclasses import dataclass
 
 import orjson
 from nats.js import JetStreamContext
-from nats.js.errors import Error as JsError
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
@@ -30,6 +33,17 @@ LEASE_KEY = "leader"
 class Holder:
     id: str
     term: int
+    revision: int = 0
+
+
+def renew_every(ttl: float) -> float:
+    """How often the holder renews: five tries before its own view of the lease runs out."""
+    return ttl / 5
+
+
+def poll_every(ttl: float) -> float:
+    """How often a standby tries to take an expired or released lease."""
+    return min(1.0, max(0.05, ttl / 10))
 
 
 class Lease:
@@ -43,6 +57,7 @@ class Lease:
         self._kv: KeyValue | None = None
         self._revision: int | None = None
         self._valid_until = 0.0  # monotonic
+        self._failing = False  # log a run of failures once
 
     async def kv(self) -> KeyValue:
         if self._kv is None:
@@ -61,18 +76,37 @@ class Lease:
     def _value(self) -> bytes:
         return orjson.dumps({"id": self.id, "term": self.term})
 
+    def _failed(self, what: str, exc: BaseException) -> None:
+        if not self._failing:
+            log.warning("leader lease: %s failed (%s); trying again", what, exc or type(exc).__name__)
+        self._failing = True
+
+    def _ok(self, what: str) -> None:
+        if self._failing:
+            log.info("leader lease: %s works again", what)
+        self._failing = False
+
     async def acquire(self, term: int) -> bool:
-        """Take the lease if nobody holds it; `term` is what the new reign will be called."""
-        kv = await self.kv()
+        """Take the lease if nobody else holds it; `term` is what the new reign will be called."""
         self.term = term
         sent = time.monotonic()
         try:
+            kv = await self.kv()
             rev = await kv.create(LEASE_KEY, self._value())
         except KeyWrongLastSequenceError:
+            self._ok("create")
+            # Ours after all when an earlier create timed out but landed, or when this id
+            # held it in a previous life (a supervisor restarted us before the TTL ran out).
+            holder = await self.holder()
+            if holder is None or holder.id != self.id:
+                return False
+            log.info("leader lease: the key is already ours (revision %d); taking it up", holder.revision)
+            self._revision = holder.revision
+            return await self.renew()
+        except Exception as exc:  # NATS slow or away: the outcome is unknown, try again later
+            self._failed("create", exc)
             return False
-        except JsError as exc:
-            log.warning("leader lease: create failed: %s", exc)
-            return False
+        self._ok("create")
         self._revision, self._valid_until = rev, sent + self.ttl
         return True
 
@@ -80,20 +114,21 @@ class Lease:
         """Extend the lease; False (and no longer held) when someone else has it now."""
         if self._revision is None:
             return False
-        kv = await self.kv()
         sent = time.monotonic()
         try:
+            kv = await self.kv()
             rev = await kv.update(LEASE_KEY, self._value(), last=self._revision)
         except KeyWrongLastSequenceError:
             log.warning("leader lease lost: the key moved on (another controller took over)")
             self._revision = None
             return False
-        except JsError as exc:
+        except Exception as exc:
             # Unknown outcome: keep trying until the lease would lapse anyway.
-            log.warning("leader lease: renew failed: %s", exc)
+            self._failed("renew", exc)
             if not self.valid(margin=0.0):
                 self._revision = None
             return False
+        self._ok("renew")
         self._revision, self._valid_until = rev, sent + self.ttl
         return True
 
@@ -106,14 +141,24 @@ class Lease:
             kv = await self.kv()
             await kv.delete(LEASE_KEY, last=rev)
 
+    def drop(self) -> None:
+        """Forget the lease without telling the server (it lapses by its TTL)."""
+        self._revision = None
+
     async def holder(self) -> Holder | None:
-        """Who holds the lease now, as the server says."""
-        kv = await self.kv()
+        """Who holds the lease now, as the server says (None when free or unknown)."""
         try:
+            kv = await self.kv()
             entry = await kv.get(LEASE_KEY)
         except KeyNotFoundError:
             return None
+        except Exception as exc:
+            self._failed("read", exc)
+            return None
         if not entry.value:
             return None
-        raw = orjson.loads(entry.value)
-        return Holder(str(raw.get("id", "")), int(raw.get("term", 0)))
+        try:
+            raw = orjson.loads(entry.value)
+            return Holder(str(raw.get("id", "")), int(raw.get("term", 0)), int(entry.revision or 0))
+        except (orjson.JSONDecodeError, AttributeError, TypeError, ValueError):
+            return None

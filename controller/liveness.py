@@ -1,5 +1,8 @@
 """Heartbeat rules: silence -> INACTIVE, longer -> TERMINATED, heartbeats back -> ACTIVE.
 
+Silence is judged from when the controller could hear (`Ctx.hearing_since`), so an outage of
+the log, a catch-up or a takeover never reads as every node gone quiet.
+
 Heartbeats live in MOTOR_HB, not in the log, so these are the only rules that read them, and
 every decision they make says "heartbeat" in its reason: a replay of MOTOR alone reproduces
 the state from these logged decisions, and `motor replay --verify` knows not to re-derive them.
@@ -22,6 +25,15 @@ def silence(ctx: Ctx, node: NodeRecord) -> float:
     return ctx.now - last
 
 
+def judged_silence(ctx: Ctx, node: NodeRecord) -> float:
+    """Silence as far as it is the node's: never longer than the controller could hear.
+
+    After NATS was away, the fold caught up, or the lease was taken over, every node gets
+    `heartbeat_timeout` from then on to be heard: a log that was away silences nobody.
+    """
+    return min(silence(ctx, node), ctx.now - ctx.hearing_since)
+
+
 def _hb_cause(node: NodeRecord, text: str) -> Cause:
     # A heartbeat has no MOTOR sequence; name it by id (the registration before any heartbeat).
     return Cause(0, node.last_hb_id or node.registered_id, text)
@@ -40,11 +52,13 @@ def liveness(ctx: Ctx, busy: set[int]) -> list[Decision]:
             continue
         node = max(nodes, key=lambda n: silence(ctx, n))
         quiet = silence(ctx, node)
-        if quiet > ctrl.terminate_after:
-            why = f"{HB_MARK} lost: {node.node_id} silent for {quiet:.1f}s; terminating, its nodes are freed"
+        judged = judged_silence(ctx, node)
+        heard = f" (heard for {judged:.1f}s of it)" if quiet > judged + 0.05 else ""
+        if judged > ctrl.terminate_after:
+            why = f"{HB_MARK} lost: {node.node_id} silent for {quiet:.1f}s{heard}; terminating, its nodes are freed"
             out += terminate(ctx, inst, _hb_cause(node, why), isolate_first=False)
-        elif quiet > ctrl.heartbeat_timeout and inst.state in _WATCHED:
-            why = f"{HB_MARK} timeout: {node.node_id} silent for {quiet:.1f}s"
+        elif judged > ctrl.heartbeat_timeout and inst.state in _WATCHED:
+            why = f"{HB_MARK} timeout: {node.node_id} silent for {quiet:.1f}s{heard}"
             out.append(ctx.state_change(inst, InstanceState.INACTIVE, _hb_cause(node, why)))
         elif quiet <= ctrl.heartbeat_timeout and _back(ctx, inst, nodes):
             freshest = min(nodes, key=lambda n: silence(ctx, n))

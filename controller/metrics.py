@@ -20,8 +20,21 @@ class ControllerMetrics:
         self.events = Counter(
             "motor_controller_events_folded_total", "Events folded into the state", ["stream"], registry=r
         )
-        self.skipped = Gauge(
-            "motor_controller_events_skipped", "Events that could not be decoded", ["stream"], registry=r
+        self.skipped = Counter(
+            "motor_controller_events_skipped",
+            "Events skipped by the fold: undecodable, unknown_type, newer_schema, inapplicable",
+            ["reason"],
+            registry=r,
+        )
+        self.log_lost = Counter(
+            "motor_controller_log_lost_total",
+            "Times the log was found purged, recreated or rewound and the state rebuilt from it",
+            registry=r,
+        )
+        self.following = Gauge(
+            "motor_controller_log_following",
+            "1 while NATS is connected and the fold's consumers deliver",
+            registry=r,
         )
         self.last_seq = Gauge(
             "motor_controller_state_seq", "MOTOR sequence the state is folded to", registry=r
@@ -43,6 +56,11 @@ class ControllerMetrics:
         self.conflicts = Counter(
             "motor_controller_append_conflicts_total",
             "Appends refused by expected-last-subject-sequence (someone else wrote first)",
+            registry=r,
+        )
+        self.fenced = Counter(
+            "motor_controller_appends_fenced_total",
+            "Decisions refused because another controller announced itself (this one was deposed)",
             registry=r,
         )
         self.append_errors = Counter(

@@ -1,9 +1,13 @@
 """The controller shell: fold MOTOR and MOTOR_HB, hold or wait for the lease, decide, append.
 
-Start-up is checkpoint + tail. Every controller follows the log live (a hot standby); only
-the lease holder decides, after it has folded everything the stream held when it won the
-lease, and announces itself with `controller.leader_changed`. Failures of NATS or of an
-append are logged and retried on the next tick; nothing here ends the process but `stop`.
+Start-up is checkpoint + tail. Every controller follows the log live (a hot standby, through
+`streams.livefold.LiveFold`); only the lease holder decides, after it has folded everything
+the stream held when it won the lease, and announces itself with `controller.leader_changed`
+(whose sequence fences every decision it appends, controller.appender).
+
+Nothing here ends the process but `stop`: NATS slow or away is waited out (every call is
+retried or skipped for this tick), a lost log is folded again from what MOTOR holds now
+(`_on_log_lost`), a poison event is skipped, and a loop that fails on a bug is restarted.
 """
 
 from __future__ import annotations
@@ -12,32 +16,34 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
-from controller.appender import Appender
+from controller.appender import Appender, Outcome
 from controller.decide import decide
-from controller.decision import Decision
 from controller.fold import Fold
-from controller.leader import Lease
+from controller.leadership import Leadership
 from controller.metrics import ControllerMetrics
 from core.config import ClusterConfig
-from core.events import LeaderChanged, LeaderChangedData
-from core.ids import derive_id
 from core.state import ClusterState
-from streams.checkpoint import load_checkpoint, save_checkpoint
+from streams.checkpoint import Origin, load_checkpoint_origin, save_checkpoint
 from streams.connection import NatsOptions, connect
-from streams.definitions import HB_STREAM, MOTOR_STREAM, ensure_streams
+from streams.consumer import js_api
+from streams.definitions import MOTOR_STREAM, ensure_streams
 from streams.errors import StreamsError
-from streams.reader import Follower, stream_last_seq
+from streams.livefold import LiveFold
+from streams.lostlog import StreamView, stale_checkpoint
+from streams.poison import Skipped
+from streams.reader import Record
 
 log = logging.getLogger(__name__)
 
 CHECKPOINT_KEY = "controller"
+RETRY_MAX = 5.0  # longest pause between two tries of a start-up step
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,20 +77,22 @@ class ControllerService:
         self.checkpoint_key = checkpoint_key
         self.metrics = ControllerMetrics(controller_id)
         self.fold = Fold()
-        self.caught_up = asyncio.Event()
+        self.caught_up = asyncio.Event()  # the LiveFold's: cleared while a lost log is folded again
         self.started = asyncio.Event()
-        self.leader = False
         self.checkpoint_seq = 0
-        self._lease: Lease | None = None
+        self.log: LiveFold | None = None
+        self.leadership: Leadership | None = None
         self._appender: Appender | None = None
-        self._nc: Client | None = None
-        # Loops also check this: a client library that turns a cancellation into its own
-        # error (seen with request timeouts) must not keep a loop alive after `stop`.
-        self._stopping = False
+        self._stream_created: str | None = None
+        self._event_ts: float | None = None  # ts of the last MOTOR event folded (checkpoint origin)
 
     @property
     def state(self) -> ClusterState:
         return self.fold.state
+
+    @property
+    def leader(self) -> bool:
+        return self.leadership is not None and self.leadership.leader
 
     def status(self) -> Status:
         s = self.fold.state
@@ -97,6 +105,12 @@ class ControllerService:
             last_seq=s.last_seq,
         )
 
+    def hearing_since(self) -> float:
+        """Since when this controller could hear heartbeats (reconnect, catch-up, takeover)."""
+        heard = self.log.hearing_since if self.log is not None else 0.0
+        took = self.leadership.took_over_at if self.leadership is not None else 0.0
+        return max(heard, took)
+
     # ------------------------------------------------------------------ run
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -104,62 +118,70 @@ class ControllerService:
         ctrl = self.cfg.controller
         async with AsyncExitStack() as stack:
             opts = NatsOptions.from_config(self.cfg.nats, self.nats_urls)
-            nc = await connect(opts, name=f"motor-controller-{self.id}")
-            self._nc = nc
+            # Waits for NATS as long as it takes: a controller started before NATS is not a crash.
+            nc = await connect(opts, name=f"motor-controller-{self.id}", retry_initial=True)
             stack.push_async_callback(_close, nc)
             js = nc.jetstream()
-            await ensure_streams(js, self.cfg.nats, lease_ttl=ctrl.lease_ttl)
-            await self._load_checkpoint(nc, js)
+            await _until_done(
+                "ensure the streams", lambda: ensure_streams(js, self.cfg.nats, lease_ttl=ctrl.lease_ttl)
+            )
+            await _until_done("load the checkpoint", lambda: self._load_checkpoint(nc, js))
             self._appender = Appender(js, self.fold, self.metrics)
-            self._lease = Lease(js, self.id, ctrl.lease_ttl)
-            stack.push_async_callback(self._step_down_and_release)
-            motor = Follower(nc, MOTOR_STREAM, start_seq=self.fold.state.last_seq + 1)
-            hb = Follower(nc, HB_STREAM)
-            stack.push_async_callback(motor.close)
-            stack.push_async_callback(hb.close)
-            # These run until cancelled; any of them ending means the controller cannot go on.
+            lead = self.leadership = Leadership(
+                nc, js, self.id, self.fold, self._appender, self.metrics, ttl=ctrl.lease_ttl, clock=self.clock
+            )
+            stack.push_async_callback(lead.release)
+            start = self.fold.state.last_seq + 1 if self.fold.state.last_seq else None
+            self.log = lead.log = LiveFold(
+                nc,
+                self._fold_motor,
+                start_seq=start,
+                heartbeats=self.fold.heartbeat,
+                on_lost=self._on_log_lost,
+                on_skip=self._on_skip,
+                name=f"controller/{self.id}",
+                caught_up=self.caught_up,
+            )
+            await self.log.start()
+            stack.push_async_callback(self.log.close)
             loops = [
-                asyncio.create_task(self._follow_motor(motor), name="follow-motor"),
-                asyncio.create_task(self._follow_hb(hb), name="follow-hb"),
-                asyncio.create_task(self._lead(nc, js), name="lease"),
-                asyncio.create_task(self._decide_loop(js), name="decide"),
+                asyncio.create_task(_forever("lease", lambda: lead.run(self.caught_up)), name="lease"),
+                asyncio.create_task(_forever("decide", lambda: self._decide_loop(js)), name="decide"),
             ]
-            catching_up = asyncio.create_task(self._wait_caught_up(motor, hb), name="caught-up")
             self.started.set()
-            stopper = asyncio.create_task(stop.wait(), name="stop")
             try:
-                done, _ = await asyncio.wait([stopper, *loops], return_when=asyncio.FIRST_COMPLETED)
-                for t in done:
-                    if t is not stopper:
-                        exc = t.exception()
-                        raise exc if exc is not None else StreamsError(f"{t.get_name()} ended")
+                await stop.wait()
             finally:
-                self._stopping = True
-                every = [stopper, catching_up, *loops]
-                for t in every:
+                for t in loops:
                     t.cancel()
-                _, stuck = await asyncio.wait(every, timeout=10.0)
+                _, stuck = await asyncio.wait(loops, timeout=10.0)
                 if stuck:
                     log.error("tasks did not stop: %s", ", ".join(t.get_name() for t in stuck))
 
     async def _load_checkpoint(self, nc: Client, js: JetStreamContext) -> None:
         try:
-            state = await load_checkpoint(js, self.checkpoint_key)
+            found = await load_checkpoint_origin(js, self.checkpoint_key)
         except StreamsError as exc:
+            if "unreadable" not in str(exc) and "format" not in str(exc):
+                raise  # NATS away: try again
             log.warning("checkpoint unusable (%s); replaying the whole log", exc)
-            state = None
-        if state is not None and state.last_seq > (last := await stream_last_seq(nc, MOTOR_STREAM)):
-            # The log lost its tail after the checkpoint: new events will reuse those sequence
-            # numbers, and the checkpoint tells of a past the log no longer has. The log wins;
-            # nodes re-register with what they run and lost instances are re-adopted.
-            log.warning(
-                "checkpoint at seq %d is ahead of %s (last seq %d): the log lost its tail; "
-                "replaying the log instead",
-                state.last_seq,
-                MOTOR_STREAM,
-                last,
+            found = None
+        view = StreamView.from_info(await js_api(nc, f"$JS.API.STREAM.INFO.{MOTOR_STREAM}"))
+        self._stream_created = view.created
+        state: ClusterState | None = None
+        if found is not None:
+            state, origin = found
+            why = stale_checkpoint(
+                state.last_seq, view, stream_created=origin.stream_created, event_ts=origin.event_ts
             )
-            state = None
+            if why is not None:
+                # New events reuse or follow those sequences, and the checkpoint tells of a past
+                # the log no longer has. The log wins: nodes re-register with what they run and
+                # lost instances are re-adopted.
+                log.warning("checkpoint set aside, replaying %s instead: %s", MOTOR_STREAM, why)
+                state = None
+            else:
+                self._event_ts = origin.event_ts
         if state is not None:
             log.info(
                 "checkpoint at seq %d: %d nodes, %d instances",
@@ -168,116 +190,44 @@ class ControllerService:
                 len(state.instances),
             )
             self.checkpoint_seq = state.last_seq
-        self.fold = Fold(state)
+        self.fold.reset(state)
 
-    async def _follow_motor(self, follower: Follower) -> None:
-        fold, m = self.fold, self.metrics
-        counter = m.events.labels(MOTOR_STREAM)
-        async for rec in follower:
-            fold.motor(rec)
-            counter.inc()
-        raise StreamsError("MOTOR follower ended")
+    # ------------------------------------------------------------------ fold hooks
 
-    async def _follow_hb(self, follower: Follower) -> None:
-        fold = self.fold
-        counter = self.metrics.events.labels(HB_STREAM)
-        lag = self.metrics.hb_lag
-        caught_up = follower.caught_up
-        async for rec in follower:
-            fold.heartbeat(rec)
-            counter.inc()
-            if caught_up.is_set():  # the replay of old heartbeats is not lag
-                lag.observe(max(0.0, time.time() - rec.event.ts))
-        raise StreamsError("MOTOR_HB follower ended")
+    def _fold_motor(self, rec: Record) -> None:
+        self.fold.motor(rec)
+        self._event_ts = rec.event.ts
+        self.metrics.events.labels(MOTOR_STREAM).inc()
 
-    async def _wait_caught_up(self, motor: Follower, hb: Follower) -> None:
-        # Heartbeats too: deciding on registration-time liveness would call live nodes silent.
-        await motor.caught_up.wait()
-        await hb.caught_up.wait()
-        self.caught_up.set()
-        self.fold.changed.set()
-        log.info(
-            "caught up at seq %d (%d nodes, %d instances)",
-            self.fold.state.last_seq,
-            len(self.state.nodes),
-            len(self.state.instances),
-        )
+    def _on_skip(self, skipped: Skipped) -> None:
+        self.metrics.skipped.labels(skipped.reason).inc()
 
-    # ------------------------------------------------------------------ lease
+    async def _on_log_lost(self, reason: str) -> None:
+        """`on_log_lost`: the log lost what was folded; rebuild from what MOTOR holds now.
 
-    async def _lead(self, nc: Client, js: JetStreamContext) -> None:
-        assert self._lease is not None
-        lease = self._lease
-        ttl = self.cfg.controller.lease_ttl
-        renew_in = ttl / 2
-        await self.caught_up.wait()
-        while not self._stopping:
-            if not self.leader:
-                s = self.fold.state
-                if await lease.acquire(term=(s.leader.term if s.leader else 0) + 1):
-                    await self._take_over(nc, lease)
-                    continue
-                await asyncio.sleep(min(1.0, ttl / 6))  # poll: an expired key leaves no event
-            else:
-                await asyncio.sleep(renew_in)
-                renewed = await lease.renew()
-                if not lease.held:
-                    self._step_down("lease lost")
-                # A failed renewal (server busy, reconnecting) is retried sooner.
-                renew_in = ttl / 2 if renewed else ttl / 6
-
-    async def _take_over(self, nc: Client, lease: Lease) -> None:
-        """Fold everything the stream holds now, then announce the new reign."""
-        assert self._appender is not None
-        target = await stream_last_seq(nc, MOTOR_STREAM)
-        if not await self.fold.reached(target, within=self.cfg.controller.lease_ttl):
-            log.warning("won the lease but could not fold to seq %d in time; giving it back", target)
-            await lease.release()
-            return
-        while True:
-            if not lease.valid():
-                return
-            prev = self.fold.state.leader
-            data = LeaderChangedData(
-                leader_id=self.id, previous=prev.leader_id if prev else None, term=lease.term
-            )
-            ev = LeaderChanged(
-                id=derive_id("leader", self.id, lease.term, target),
-                ts=self.clock(),
-                source=f"controller/{self.id}",
-                data=data,
-            )
-            if await self._appender.append([Decision(ev)], lease.valid) == 1:
-                break
-            # Someone wrote the leader subject after our fold: fold it, then try again.
-            await self.fold.reached(self.fold.state.last_seq + 1, within=0.5)
-        self.leader = True
-        self.metrics.is_leader.set(1)
-        self.metrics.leader_changes.inc()
-        log.info("leader now (term %d)", lease.term)
-        self.fold.changed.set()
-
-    def _step_down(self, why: str) -> None:
-        if self.leader:
-            log.warning("no longer leader: %s", why)
-        self.leader = False
-        self.metrics.is_leader.set(0)
-
-    async def _step_down_and_release(self) -> None:
-        self._step_down("shutting down")
-        if self._lease is not None:
-            await self._lease.release()
+        The leader stops deciding (its fence and positions belong to the old log) but keeps
+        its lease, and announces itself again once the new fold has caught up; every node gets
+        the heartbeat grace from then on, and node agents re-register what they run.
+        """
+        self.metrics.log_lost.inc()
+        log.warning("the log lost what was folded (%s): rebuilding the state from %s", reason, MOTOR_STREAM)
+        if self.leadership is not None:
+            self.leadership.step_down("the log was lost; announcing again once folded")
+        if self._appender is not None:
+            self._appender.reset()
+        self.fold.reset()
+        self.checkpoint_seq = 0
+        self._stream_created = self.log.last_view.created if self.log and self.log.last_view else None
+        self._event_ts = None
 
     # ------------------------------------------------------------------ decide
-
-    def _may_write(self) -> bool:
-        return self.leader and self._lease is not None and self._lease.valid()
 
     async def _decide_loop(self, js: JetStreamContext) -> None:
         tick = self.cfg.controller.tick_interval
         changed = self.fold.changed
-        await self.caught_up.wait()
-        while not self._stopping:
+        lead, appender, livefold = self.leadership, self._appender, self.log
+        assert lead is not None and appender is not None and livefold is not None
+        while True:
             # asyncio.timeout, not wait_for: 3.11's wait_for can swallow a cancellation that
             # races with the event, and this loop would then never end.
             with contextlib.suppress(TimeoutError):
@@ -285,16 +235,21 @@ class ControllerService:
                     await changed.wait()
             changed.clear()
             self._observe()
-            if not self._may_write():
+            if not self.caught_up.is_set() or not lead.may_write():
                 continue
-            assert self._appender is not None
-            if self.fold.state.last_seq < self._appender.awaited:
+            if livefold.position < appender.awaited:
                 continue  # our own appends are not folded yet: deciding now would repeat them
             started = time.perf_counter()
-            decisions = decide(self.fold.state, self.cfg, self.clock(), source=f"controller/{self.id}")
+            decisions = decide(
+                self.fold.state,
+                self.cfg,
+                self.clock(),
+                source=f"controller/{self.id}",
+                hearing_since=self.hearing_since(),
+            )
             self.metrics.decide_seconds.observe(time.perf_counter() - started)
-            if decisions:
-                await self._appender.append(decisions, self._may_write)
+            if decisions and await appender.append(decisions, lead.may_write) is Outcome.FENCED:
+                lead.deposed()
             await self._maybe_checkpoint(js)
 
     async def _maybe_checkpoint(self, js: JetStreamContext) -> None:
@@ -302,8 +257,10 @@ class ControllerService:
         if state.last_seq - self.checkpoint_seq < self.cfg.controller.checkpoint_every:
             return
         try:
-            await save_checkpoint(js, self.checkpoint_key, state)
-        except StreamsError as exc:
+            await save_checkpoint(
+                js, self.checkpoint_key, state, Origin(self._stream_created, self._event_ts)
+            )
+        except Exception as exc:  # NATS slow or away: a later tick saves it
             log.warning("checkpoint at seq %d failed: %s", state.last_seq, exc)
             return
         self.checkpoint_seq = state.last_seq
@@ -314,6 +271,9 @@ class ControllerService:
         m.last_seq.set(s.last_seq)
         m.lag.set(self.fold.lag)
         m.nodes.set(len(s.nodes))
+        if self.log is not None:
+            h = self.log.health()
+            m.following.set(int(h.connected and h.following))
         m.instances.clear()
         for inst in s.instances.values():
             m.instances.labels(inst.spec.role.value, inst.state.value).inc()
@@ -321,6 +281,40 @@ class ControllerService:
         for f in s.faults.values():
             m.open_faults.labels(f.data.level.value).inc()
         m.open_alarms.set(len(s.alarms))
+
+
+async def _until_done(what: str, step: Callable[[], Awaitable[None]]) -> None:
+    """Run a start-up step until it succeeds: NATS slow or away is waited out, not fatal."""
+    delay, tries = 0.2, 0
+    while True:
+        try:
+            await step()
+            if tries:
+                log.info("%s: done after %d failed tries", what, tries)
+            return
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            tries += 1
+            if tries == 1 or tries % 20 == 0:
+                log.warning(
+                    "cannot %s yet (%s); trying again (try %d)", what, exc or type(exc).__name__, tries
+                )
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, RETRY_MAX)
+
+
+async def _forever(name: str, loop: Callable[[], Awaitable[None]]) -> None:
+    """Run a loop that should never end; if it fails anyway (a bug), log it and run it again."""
+    while True:
+        try:
+            await loop()
+            log.error("%s loop ended; starting it again", name)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("%s loop failed; starting it again in 1s", name)
+        await asyncio.sleep(1.0)
 
 
 async def _close(nc: Client) -> None:

@@ -196,7 +196,7 @@ class CoordinatorService:
 
         self._nc = await connect(self.nats, name=self.name, retry_initial=True)
         js: JetStreamContext = self._nc.jetstream()
-        await ensure_streams(js)
+        await ensure_streams(js, update=False)  # the controller owns the streams' settings
         ctx = self.ctx = CoordinatorContext(
             settings=self.settings, publisher=Publisher(js), source=f"coordinator/{self.name}"
         )

@@ -183,7 +183,7 @@ class ControllerConfig(_Strict):
     terminate_after: float = Field(60.0, gt=0)  # silent this long -> TERMINATED, nodes freed
     start_timeout: float = Field(30.0, gt=0)  # no READY within this -> resend start
     start_attempts: int = Field(3, ge=1)
-    lease_ttl: float = Field(6.0, gt=0)
+    lease_ttl: float = Field(2.0, gt=0)  # a standby decides about this long after the leader died
     checkpoint_every: int = Field(1000, ge=1)
     scale_p2d: bool = False
     recovery_timeout: float = Field(300.0, gt=0)

@@ -80,7 +80,7 @@ async def _publish(args: argparse.Namespace, event: Any) -> int:
     nc = await connect(nats_options(args), name="motor-cli")
     try:
         js = nc.jetstream()
-        await ensure_streams(js)
+        await ensure_streams(js, update=False)  # the controller owns the settings
         return await Publisher(js).publish(event)
     finally:
         await nc.close()

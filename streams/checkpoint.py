@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import re
 import zlib
+from dataclasses import dataclass
+from typing import Any
 
 import orjson
 from nats.js import JetStreamContext
@@ -29,26 +31,46 @@ def _check_key(key: str) -> str:
     return key
 
 
-def encode_checkpoint(state: ClusterState) -> bytes:
+@dataclass(frozen=True, slots=True)
+class Origin:
+    """Which log a checkpoint was folded from, to tell later whether that log is still there."""
+
+    stream_created: str | None = None  # the stream's `created` time (another after delete-and-recreate)
+    event_ts: float | None = None  # `ts` of the last MOTOR event folded (purged while young?)
+
+
+def encode_checkpoint(state: ClusterState, origin: Origin | None = None) -> bytes:
     """The stored form of a state."""
-    body = {"format": FORMAT, "seq": state.last_seq, "state": state_to_dict(state)}
+    body: dict[str, Any] = {"format": FORMAT, "seq": state.last_seq, "state": state_to_dict(state)}
+    if origin is not None:
+        body["stream_created"] = origin.stream_created
+        body["event_ts"] = origin.event_ts
     return zlib.compress(orjson.dumps(body), 6)
 
 
-def decode_checkpoint(value: bytes) -> ClusterState:
-    """Inverse of `encode_checkpoint`."""
+def decode_checkpoint_origin(value: bytes) -> tuple[ClusterState, Origin]:
+    """Inverse of `encode_checkpoint` (an old checkpoint has an empty origin)."""
     try:
         raw = orjson.loads(zlib.decompress(value))
         if raw.get("format") != FORMAT:
             raise CheckpointError(f"checkpoint format {raw.get('format')!r} is not {FORMAT}")
-        return state_from_dict(raw["state"])
+        ts = raw.get("event_ts")
+        origin = Origin(raw.get("stream_created"), float(ts) if ts is not None else None)
+        return state_from_dict(raw["state"]), origin
     except (zlib.error, orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
         raise CheckpointError(f"unreadable checkpoint: {exc}") from None
 
 
-async def save_checkpoint(js: JetStreamContext, key: str, state: ClusterState) -> None:
+def decode_checkpoint(value: bytes) -> ClusterState:
+    """The state of a stored checkpoint."""
+    return decode_checkpoint_origin(value)[0]
+
+
+async def save_checkpoint(
+    js: JetStreamContext, key: str, state: ClusterState, origin: Origin | None = None
+) -> None:
     """Store `state` (folded up to `state.last_seq`) under `key`."""
-    value = encode_checkpoint(state)
+    value = encode_checkpoint(state, origin)
     try:
         kv = await js.key_value(CHECKPOINT_BUCKET)
         await kv.put(_check_key(key), value)
@@ -60,6 +82,12 @@ async def save_checkpoint(js: JetStreamContext, key: str, state: ClusterState) -
 
 async def load_checkpoint(js: JetStreamContext, key: str) -> ClusterState | None:
     """The last checkpoint under `key`, or None if there is none."""
+    found = await load_checkpoint_origin(js, key)
+    return found[0] if found is not None else None
+
+
+async def load_checkpoint_origin(js: JetStreamContext, key: str) -> tuple[ClusterState, Origin] | None:
+    """The last checkpoint under `key` and the log it came from, or None if there is none."""
     try:
         kv = await js.key_value(CHECKPOINT_BUCKET)
         entry = await kv.get(_check_key(key))
@@ -69,4 +97,4 @@ async def load_checkpoint(js: JetStreamContext, key: str) -> ClusterState | None
         return None
     if entry.value is None:
         return None
-    return decode_checkpoint(entry.value)
+    return decode_checkpoint_origin(entry.value)

@@ -19,7 +19,7 @@ from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfi
 from nats.js.errors import APIError, NotFoundError
 
 from core import subjects
-from core.config import NatsConfig
+from core.config import ControllerConfig, NatsConfig
 from streams.errors import StreamsError
 
 log = logging.getLogger(__name__)
@@ -34,6 +34,7 @@ DEDUPE_WINDOW = 120.0  # a retried publish within 2 minutes is dropped by Nats-M
 HB_MAX_AGE = 3600.0
 CHECKPOINT_HISTORY = 4  # a few older checkpoints survive a bad write
 CHECKPOINT_MAX_VALUE = 8 * 1024 * 1024
+LEASE_TTL: float = ControllerConfig.model_fields["lease_ttl"].default
 
 
 def kv_stream(bucket: str) -> str:
@@ -62,7 +63,7 @@ def _kv_config(
     )
 
 
-def stream_configs(cfg: NatsConfig | None = None, *, lease_ttl: float = 6.0) -> list[StreamConfig]:
+def stream_configs(cfg: NatsConfig | None = None, *, lease_ttl: float = LEASE_TTL) -> list[StreamConfig]:
     """Every stream Motor needs (the two KV buckets included), from the config's nats section."""
     cfg = cfg or NatsConfig()
     replicas = cfg.replicas
@@ -127,7 +128,7 @@ def _differs(want: StreamConfig, have: StreamConfig) -> dict[str, tuple[Any, Any
 
 
 async def ensure_streams(
-    js: JetStreamContext, cfg: NatsConfig | None = None, *, lease_ttl: float = 6.0, update: bool = True
+    js: JetStreamContext, cfg: NatsConfig | None = None, *, lease_ttl: float = LEASE_TTL, update: bool = True
 ) -> None:
     """Create the streams and KV buckets, or update the ones whose settings changed.
 

@@ -108,6 +108,7 @@ class LiveFold:
         idle_heartbeat: float = 2.0,
         clock: Callable[[], float] = time.time,
         name: str = "fold",
+        caught_up: asyncio.Event | None = None,
     ) -> None:
         self.nc = nc
         self.apply = apply
@@ -121,7 +122,9 @@ class LiveFold:
         self.clock = clock
         self.name = name
         self.skips = SkipLog(on_skip=on_skip)
-        self.caught_up = asyncio.Event()  # cleared while the fold starts over after a lost log
+        # Set once what the streams held at (re)start is folded; cleared while the fold starts
+        # over after a lost log. A caller may pass its own event to be set.
+        self.caught_up = caught_up if caught_up is not None else asyncio.Event()
         self.position = 0
         self.hearing_since = 0.0
         self.lost = 0
@@ -266,6 +269,7 @@ class LiveFold:
         if self._motor.caught_up and (self._hb is None or self._hb.caught_up):
             self.caught_up.set()
             self.hearing_since = self.clock()
+            log.info("%s: caught up with %s at seq %d", self.name, self.stream, self.position)
 
     def _fold_motor(self, batch: list[Delivery]) -> None:
         apply, skips, stream = self.apply, self.skips, self.stream

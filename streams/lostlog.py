@@ -135,3 +135,25 @@ class LossDetector:
             self.seen(view.first_seq, view.first_ts)
         if view.last_ts is not None and view.last_seq:
             self.seen(view.last_seq, view.last_ts)
+
+
+def stale_checkpoint(
+    seq: int, view: StreamView, *, stream_created: str | None = None, event_ts: float | None = None
+) -> str | None:
+    """Why a checkpoint folded to `seq` tells of a past the log no longer has (None: it does not).
+
+    The log wins over a checkpoint: after a lost log, nodes re-register with what they run and
+    lost instances are re-adopted, which only happens if the fold starts from the log itself.
+    """
+    if seq > view.last_seq:
+        return f"it is at seq {seq}, past the stream's last seq {view.last_seq}: the log lost its tail"
+    if stream_created is not None and stream_created != view.created:
+        return f"the stream was created again since ({view.created}, checkpoint of {stream_created})"
+    if (
+        event_ts is not None
+        and seq
+        and view.first_seq - 1 >= seq
+        and removed_while_young(event_ts, view.now, view.max_age)
+    ):
+        return f"the stream was purged past it (first seq {view.first_seq}, checkpoint at seq {seq})"
+    return None

@@ -12,6 +12,7 @@ import asyncio
 import collections
 import time
 
+from nats.errors import Error as NatsError
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
@@ -26,6 +27,8 @@ from streams.errors import PublishFailed, PublishTimeout, SequenceConflict, Stre
 MSG_ID = "Nats-Msg-Id"
 MOTOR_TYPE = "Motor-Type"
 EXPECTED_LAST_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
+# With this header the expected sequence is of another subject's last message (a fence).
+EXPECTED_LAST_SUBJECT_SEQ_SUBJECT = "Nats-Expected-Last-Subject-Sequence-Subject"
 WRONG_LAST_SEQUENCE = 10071  # JetStream error code: wrong last sequence
 
 
@@ -53,20 +56,34 @@ class Publisher:
         self._pending: collections.deque[tuple[float, str, asyncio.Future[PubAck]]] = collections.deque()
         self._error: StreamsError | None = None
 
-    async def publish(self, event: EventBase, *, expected_last_subject_seq: int | None = None) -> int:
-        """Publish and wait for the ack; return the stream sequence (the original's on a duplicate)."""
+    async def publish(
+        self,
+        event: EventBase,
+        *,
+        expected_last_subject_seq: int | None = None,
+        expected_subject: str | None = None,
+    ) -> int:
+        """Publish and wait for the ack; return the stream sequence (the original's on a duplicate).
+
+        `expected_last_subject_seq` guards the event's own subject, or `expected_subject`
+        when given (a fence: the event lands only while that subject has not moved).
+        """
         subject = subjects.for_event(event)
         hdr = headers_for(event)
         if expected_last_subject_seq is not None:
             hdr[EXPECTED_LAST_SUBJECT_SEQ] = str(expected_last_subject_seq)
+            if expected_subject is not None:
+                hdr[EXPECTED_LAST_SUBJECT_SEQ_SUBJECT] = expected_subject
         try:
             ack = await self.js.publish(subject, encode(event), timeout=self.ack_timeout, headers=hdr)
         except APIError as exc:
-            raise _api_error(exc, subject, expected_last_subject_seq) from None
+            raise _api_error(exc, expected_subject or subject, expected_last_subject_seq) from None
         except (NatsTimeoutError, TimeoutError):
             raise PublishTimeout(f"{subject}: no ack within {self.ack_timeout}s") from None
         except (NoStreamResponseError, NoRespondersError):
             raise PublishFailed(f"{subject}: no stream takes this subject (run ensure_streams)") from None
+        except NatsError as exc:  # reconnecting, connection closed, buffer full: not landed (yet)
+            raise PublishFailed(f"{subject}: {exc or type(exc).__name__}") from None
         return int(ack.seq)
 
     async def publish_async(self, event: EventBase) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
-from controller.appender import Appender
+from controller.appender import Appender, Outcome
 from controller.decision import Cause, Ctx, Decision
 from controller.fold import Fold
 from controller.metrics import ControllerMetrics
@@ -22,6 +22,8 @@ from core.events import (
     FaultReported,
     FaultReportedData,
     InstanceState,
+    LeaderChanged,
+    LeaderChangedData,
     NodeRegistered,
     NodeRegisteredData,
     Role,
@@ -190,29 +192,40 @@ async def test_a_checkpoint_ahead_of_the_log_is_set_aside_for_the_log(
             await kv.delete("controller")
 
 
-async def test_a_deposed_leaders_late_write_fails_on_the_subject_guard(
+async def test_a_deposed_leaders_late_write_is_fenced_even_on_a_subject_nobody_else_wrote(
     nats_server: EmbeddedNats, nc: Client, js: JetStreamContext
 ) -> None:
     pub = Publisher(js)
     await pub.publish(registration("n1", "10.2.0.1"))
     config = cfg()
     async with running(ControllerService(config, controller_id="old", nats_urls=[nats_server.url])) as svc:
-        await wait_for(lambda: 1 in svc.state.instances)
+        await wait_for(lambda: 1 in svc.state.instances and svc.leader)
         stale = svc.state  # what the deposed leader decided on
+        assert svc._appender is not None and svc._appender.fence is not None
+        fence = svc._appender.fence
     inst = stale.instances[1]
-    # A newer leader moved the instance on meanwhile.
+    node = stale.nodes["n1"]
+    appender = Appender(js, Fold(stale), ControllerMetrics("old"))
+    appender.fence = fence
+    old = Ctx.build(stale, config, time.time(), source="controller/old")
+    # Still the last to have announced itself: its write lands.
+    before = old.stop(node, 1, Cause(0, "a", "before the newer leader"), tag="before")
+    assert await appender.append([before], lambda: True) is Outcome.DONE
+    # A newer leader announces itself and moves the instance on.
+    newer = LeaderChanged(
+        id=new_id(), ts=time.time(), source="controller/new", data=LeaderChangedData(leader_id="new", term=9)
+    )
+    await pub.publish(newer)
     ctx_new = Ctx.build(stale, config, time.time(), source="controller/new")
     await pub.publish(ctx_new.state_change(inst, InstanceState.ISOLATED, Cause(0, "x", "newer leader")).event)
-    fold = Fold(stale)
-    async for rec in read_range(nc, until_seq=stale.last_seq):
-        fold.subject_seq[rec.subject] = rec.seq
-    appender = Appender(js, fold, ControllerMetrics("old"))
-    late: Decision = Ctx.build(stale, config, time.time(), source="controller/old").state_change(
-        inst, InstanceState.TERMINATED, Cause(0, "y", "late write")
-    )
-    assert await appender.append([late], lambda: True) == 0
-    assert appender.metrics.registry.get_sample_value("motor_controller_append_conflicts_total") == 1
+    # The deposed leader's late writes: on the instance the newer leader wrote, and on a
+    # command subject nobody wrote since (a per-subject guard would let that one through).
+    late_state: Decision = old.state_change(inst, InstanceState.TERMINATED, Cause(0, "y", "late write"))
+    late_stop: Decision = old.stop(node, 1, Cause(0, "z", "late write"), tag="late")
+    for late in (late_stop, late_state):
+        assert await appender.append([late], lambda: True) is Outcome.FENCED
+    assert appender.metrics.registry.get_sample_value("motor_controller_appends_fenced_total") == 2
     ids = [rec.event.id async for rec in read_range(nc)]
-    assert late.id not in ids
+    assert before.id in ids and late_stop.id not in ids and late_state.id not in ids
     # And a controller whose lease lapsed does not even try.
-    assert await appender.append([late], lambda: False) == 0
+    assert await appender.append([late_stop], lambda: False) is Outcome.STOPPED

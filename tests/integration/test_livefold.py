@@ -78,7 +78,9 @@ def fold_of(nc: Client, sink: Sink, **kw: Any) -> LiveFold:
     return LiveFold(nc, sink.apply, on_lost=sink.on_lost, on_skip=sink.on_skip, **kw)
 
 
-async def test_poison_events_are_skipped_counted_and_the_fold_goes_on(js: JetStreamContext, nc: Client) -> None:
+async def test_poison_events_are_skipped_counted_and_the_fold_goes_on(
+    js: JetStreamContext, nc: Client
+) -> None:
     good = mixed(8)
     pub = Publisher(js)
     await pub.publish(good[0])
@@ -147,7 +149,9 @@ async def private_nats(tmp_path: Path) -> AsyncIterator[EmbeddedNats]:
         await server.stop()
 
 
-async def test_nats_killed_and_restarted_later_the_fold_resumes_without_gap(private_nats: EmbeddedNats) -> None:
+async def test_nats_killed_and_restarted_later_the_fold_resumes_without_gap(
+    private_nats: EmbeddedNats,
+) -> None:
     nc = await connect(private_nats.url, name="livefold-outage", retry_initial=True)
     fold = None
     try:
@@ -157,7 +161,9 @@ async def test_nats_killed_and_restarted_later_the_fold_resumes_without_gap(priv
         pub = Publisher(js)
         for ev in events[:20]:
             await pub.publish(ev)
-        await js.publish(subjects.heartbeat("n1"), encode(status_changed(0)))  # any event: only arrival counts
+        await js.publish(
+            subjects.heartbeat("n1"), encode(status_changed(0))
+        )  # any event: only arrival counts
         sink = Sink()
         fold = LiveFold(
             nc, sink.apply, heartbeats=sink.beat, on_lost=sink.on_lost, check_interval=0.3, idle_heartbeat=0.5

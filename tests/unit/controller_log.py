@@ -80,6 +80,7 @@ class Log:
     def __init__(self, cfg: ClusterConfig, now: float = 1000.0) -> None:
         self.cfg = cfg
         self.now = now
+        self.hearing_since = 0.0  # when the controller began to hear (reconnect, catch-up, takeover)
         self.seq = 0
         self.state = ClusterState()
         self.events: list[tuple[int, EventBase]] = []  # the MOTOR log
@@ -100,7 +101,9 @@ class Log:
         return derive_id("test", self._n, *parts)
 
     def decide(self, now: float | None = None) -> list[Decision]:
-        return decide(self.state, self.cfg, self.now if now is None else now)
+        return decide(
+            self.state, self.cfg, self.now if now is None else now, hearing_since=self.hearing_since
+        )
 
     def commit(self, decisions: Iterable[Decision]) -> list[Decision]:
         out = list(decisions)

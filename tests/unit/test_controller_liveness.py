@@ -80,3 +80,45 @@ def test_isolated_instance_is_not_marked_inactive() -> None:
     assert all(
         d.event.data.state != InstanceState.INACTIVE for d in log.decide() if hasattr(d.event.data, "state")
     )  # type: ignore[attr-defined]
+
+
+def test_after_the_log_was_away_nobody_is_judged_by_the_outage() -> None:
+    """NATS away 90 s: no heartbeat reached the controller, although every node kept beating."""
+    log = up()
+    log.tick(90.0, heartbeats=False)
+    log.hearing_since = log.now  # reconnected and caught up just now
+    assert log.decide() == []  # 90 s > terminate_after (60 s): judged by the outage it would terminate
+    log.tick(9.5, heartbeats=False)
+    assert log.decide() == []
+    log.tick(0.4)  # the agents' heartbeats come through again
+    log.tick(30.0)
+    assert log.decide() == []
+    assert log.inst(1) == InstanceState.ACTIVE
+
+
+def test_a_node_still_silent_after_the_grace_is_judged_and_the_reason_says_so() -> None:
+    log = up()
+    log.tick(40.0, heartbeats=False)
+    log.hearing_since = log.now
+    silent(log, "n2", 10.0)
+    assert log.decide() == []
+    silent(log, "n2", 0.5)
+    (d,) = log.step()
+    assert log.types([d]) == ["instance.state_changed:INACTIVE"]
+    reason = d.event.data.reason  # type: ignore[attr-defined]
+    assert "heartbeat" in reason and "n2 silent for 50.5s (heard for 10.5s of it)" in reason
+    silent(log, "n2", 49.0)
+    assert [t for t in log.types(log.decide()) if "TERMINATED" in t] == []  # 59.5 s heard < 60 s
+    silent(log, "n2", 1.0)
+    assert "instance.state_changed:TERMINATED" in log.types(log.decide())
+
+
+def test_a_recent_hearing_does_not_bring_a_silent_instance_back() -> None:
+    log = up()
+    silent(log, "n2", 11.0)
+    log.step()
+    assert log.inst(1) == InstanceState.INACTIVE
+    log.hearing_since = log.now  # e.g. a takeover: n2 is still silent
+    log.tick(1.0, heartbeats=False)
+    assert log.decide() == []
+    assert log.inst(1) == InstanceState.INACTIVE

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from streams.lostlog import MAX_SAMPLES, LossDetector, StreamView, parse_time
+from streams.lostlog import MAX_SAMPLES, LossDetector, StreamView, parse_time, stale_checkpoint
 
 DAY = 86400.0
 NOW = 1_800_000_000.0
@@ -128,3 +128,30 @@ def test_samples_are_thinned_to_the_granularity_and_bounded() -> None:
     for seq in range(1, 3 * MAX_SAMPLES):
         d.seen(seq, NOW + seq)
     assert len(d.samples) <= MAX_SAMPLES + 1 and d.samples[-1][0] == 3 * MAX_SAMPLES - 1
+
+
+def test_checkpoint_within_the_log_is_used() -> None:
+    assert stale_checkpoint(50, view(1, 100, first_ts=NOW - 60, last_ts=NOW), stream_created="c1") is None
+    # old messages aged out, the checkpoint's own position still in the log
+    assert (
+        stale_checkpoint(50, view(40, 100, first_ts=NOW - 60, last_ts=NOW), event_ts=NOW - 31 * DAY) is None
+    )
+
+
+def test_checkpoint_ahead_of_the_log_is_stale() -> None:
+    reason = stale_checkpoint(150, view(1, 100, first_ts=NOW - 60, last_ts=NOW))
+    assert reason is not None and "lost its tail" in reason
+
+
+def test_checkpoint_of_another_stream_incarnation_is_stale() -> None:
+    reason = stale_checkpoint(
+        50, view(1, 100, first_ts=NOW - 60, last_ts=NOW, created="c2"), stream_created="c1"
+    )
+    assert reason is not None and "created again" in reason
+
+
+def test_checkpoint_whose_young_events_were_purged_is_stale() -> None:
+    v = view(101, 110, first_ts=NOW - 5, last_ts=NOW)  # purged at 100, then 10 new events
+    assert "purged" in str(stale_checkpoint(80, v, event_ts=NOW - 3600))
+    assert stale_checkpoint(80, v, event_ts=NOW - 31 * DAY) is None  # that is age-out
+    assert stale_checkpoint(80, v) is None  # an old checkpoint without its origin: cannot tell

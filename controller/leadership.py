@@ -1,0 +1,142 @@
+"""Winning, holding and losing the lease; announcing each reign.
+
+A standby tries to create the lease key every `poll_every(ttl)` (an expired or released key
+is free at once); the holder renews it every `renew_every(ttl)` and stops deciding as soon
+as its own clock says the lease may be about to lapse. A new holder folds everything the
+stream holds, then appends `controller.leader_changed`, whose sequence fences every decision
+of its reign. With the default TTL of 2 s a standby decides about 2 s after the leader died.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+
+from controller.appender import Appender
+from controller.decision import Decision
+from controller.fold import Fold
+from controller.leader import Lease, poll_every, renew_every
+from controller.metrics import ControllerMetrics
+from core.events import LeaderChanged, LeaderChangedData
+from core.ids import derive_id
+from streams.definitions import MOTOR_STREAM
+from streams.livefold import LiveFold
+from streams.reader import stream_last_seq
+
+log = logging.getLogger(__name__)
+
+
+class Leadership:
+    """This controller's side of the lease: leader or standby."""
+
+    def __init__(
+        self,
+        nc: Client,
+        js: JetStreamContext,
+        controller_id: str,
+        fold: Fold,
+        appender: Appender,
+        metrics: ControllerMetrics,
+        *,
+        ttl: float,
+        clock: Callable[[], float],
+    ) -> None:
+        self.nc = nc
+        self.id = controller_id
+        self.fold = fold
+        self.appender = appender
+        self.metrics = metrics
+        self.ttl = ttl
+        self.clock = clock
+        self.lease = Lease(js, controller_id, ttl)
+        self.log: LiveFold | None = None  # set by the service once it follows the log
+        self.leader = False
+        self.took_over_at = 0.0  # wall clock: the heartbeat grace starts here too
+
+    def may_write(self) -> bool:
+        """Leading, and the lease cannot have lapsed on the server yet."""
+        return self.leader and self.lease.valid()
+
+    def step_down(self, why: str) -> None:
+        """Stop deciding (the lease, if still held, is kept: see `run`)."""
+        if self.leader:
+            log.warning("no longer leader: %s", why)
+        self.leader = False
+        self.metrics.is_leader.set(0)
+
+    def deposed(self) -> None:
+        """Another controller announced itself: step down and forget the lease."""
+        self.step_down("another controller announced itself (a decision was fenced)")
+        self.lease.drop()
+
+    async def release(self) -> None:
+        """Clean shutdown: give the lease up so a standby takes over at once."""
+        self.step_down("shutting down")
+        await self.lease.release()
+
+    async def run(self, caught_up: asyncio.Event) -> None:
+        """Compete for, hold and renew the lease, for ever."""
+        lease, ttl = self.lease, self.ttl
+        while True:
+            if lease.held and lease.valid(margin=0.0):
+                if self.leader or not caught_up.is_set():
+                    # Leading, or holding while a lost log is folded again: keep it alive.
+                    await asyncio.sleep(renew_every(ttl))
+                    await lease.renew()
+                    if self.leader and not lease.valid():
+                        self.step_down("could not renew the lease in time")
+                    continue
+                if lease.valid():
+                    await self._take_over()
+                    if not self.leader:
+                        await asyncio.sleep(poll_every(ttl))
+                    continue
+            if lease.held:
+                lease.drop()  # lapsed by our clock: compete again like everyone else
+            if self.leader:
+                self.step_down("the lease lapsed")
+            await caught_up.wait()
+            s = self.fold.state
+            if not await lease.acquire(term=(s.leader.term if s.leader else 0) + 1):
+                await asyncio.sleep(poll_every(ttl))
+
+    async def _take_over(self) -> None:
+        """Fold everything the stream holds now, then announce the new reign."""
+        lease, fold, livefold = self.lease, self.fold, self.log
+        assert livefold is not None
+        try:
+            target = await stream_last_seq(self.nc, MOTOR_STREAM)
+        except Exception as exc:  # NATS slow or away: try again
+            log.warning("won the lease but cannot read the stream's last seq: %s", exc)
+            return
+        if not await livefold.wait_for(target, within=self.ttl):
+            log.warning("won the lease but could not fold to seq %d in time; giving it back", target)
+            await lease.release()
+            return
+        while lease.valid():
+            prev = fold.state.leader
+            term = max(lease.term, prev.term + 1 if prev else 0)
+            lease.term = term
+            data = LeaderChangedData(leader_id=self.id, previous=prev.leader_id if prev else None, term=term)
+            ev = LeaderChanged(
+                id=derive_id("leader", self.id, term, target),
+                ts=self.clock(),
+                source=f"controller/{self.id}",
+                data=data,
+            )
+            if await self.appender.announce(Decision(ev), lease.valid) is not None:
+                break
+            # Someone wrote the leader subject after our fold (or NATS failed): fold, try again.
+            await livefold.wait_for(livefold.position + 1, within=0.5)
+        else:
+            return
+        self.leader = True
+        self.took_over_at = self.clock()
+        self.metrics.is_leader.set(1)
+        self.metrics.leader_changes.inc()
+        log.info("leader now (term %d)", lease.term)
+        fold.changed.set()
