@@ -36,7 +36,7 @@ from streams.consumer import js_api
 from streams.definitions import MOTOR_STREAM, ensure_streams
 from streams.errors import StreamsError
 from streams.livefold import LiveFold
-from streams.lostlog import StreamView, stale_checkpoint
+from streams.lostlog import Loss, StreamView, stale_checkpoint
 from streams.poison import Skipped
 from streams.reader import Record
 
@@ -202,7 +202,7 @@ class ControllerService:
     def _on_skip(self, skipped: Skipped) -> None:
         self.metrics.skipped.labels(skipped.reason).inc()
 
-    async def _on_log_lost(self, reason: str) -> None:
+    async def _on_log_lost(self, reason: Loss) -> None:
         """`on_log_lost`: the log lost what was folded; rebuild from what MOTOR holds now.
 
         The leader stops deciding (its fence and positions belong to the old log) but keeps

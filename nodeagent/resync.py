@@ -9,7 +9,9 @@ runs) when:
   for two checks in a row (so a terminate-then-stop in flight is not mistaken for a loss),
   unless its latest registration in the log already says what it runs (the controller
   knows the truth then; repeating it would change nothing).
-A fold that is ahead of the stream (the tail was lost) is rebuilt from the start.
+The fold is a `streams.livefold.LiveFold`: when it finds the log purged, recreated or rewound
+it starts over from what the log holds now and the node registers again at once, with what it
+runs, so that the log itself holds the truth again.
 """
 
 from __future__ import annotations
@@ -27,8 +29,9 @@ from core.reducer import apply
 from core.state import ClusterState
 from streams.consumer import js_api
 from streams.definitions import MOTOR_STREAM
-from streams.errors import StreamsError
-from streams.reader import Follower
+from streams.livefold import LiveFold
+from streams.lostlog import Loss
+from streams.reader import Record
 
 log = logging.getLogger(__name__)
 
@@ -96,9 +99,17 @@ class Observer:
         self.interval = interval
         self.state = ClusterState()
         self.reg_seq = 0
-        self.caught_up = asyncio.Event()
+        self.log = LiveFold(
+            nc,
+            self._apply,
+            filter_subject=subjects.ALL_EVENTS,
+            on_lost=self._on_lost,
+            name=f"nodeagent/{node_id} resync",
+        )
+        self.caught_up = self.log.caught_up
+        self._lost: Loss | None = None  # a lost log not yet answered by a registration
+        self._poke = asyncio.Event()
         self._instance_suspect = False
-        self._fold_task: asyncio.Task[None] | None = None
 
     def registered_at(self, seq: int) -> None:
         """Note the stream sequence of the registration just published."""
@@ -106,65 +117,47 @@ class Observer:
         self._instance_suspect = False
 
     async def start(self) -> None:
-        self._restart_fold()
+        await self.log.start()
 
-    def _restart_fold(self) -> None:
-        if self._fold_task is not None:
-            self._fold_task.cancel()
+    def _apply(self, rec: Record) -> None:
+        self.state = apply(self.state, rec.event, rec.seq)
+
+    def _on_lost(self, loss: Loss) -> None:
+        # The fold starts over from what the log holds now; the registration we published
+        # belongs to a log that is gone (its sequence may even be reused), so say it again.
         self.state = ClusterState()
-        self.caught_up = asyncio.Event()
-        self._fold_task = asyncio.create_task(self._fold(), name="observer-fold")
-
-    async def _fold(self) -> None:
-        # The fold is advisory: if following fails, start over rather than stop the agent.
-        while True:
-            follower = Follower(self.nc, MOTOR_STREAM, filter_subject=subjects.ALL_EVENTS)
-            # The follower flags "caught up" once the last pending record was taken, which
-            # is while this loop waits for the next one: mirror it from a side task.
-            mirror = asyncio.create_task(self._mirror(follower))
-            try:
-                async for rec in follower:
-                    self.state = apply(self.state, rec.event, rec.seq)
-                return
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("following the log failed; rebuilding the fold in 1s")
-                self.state = ClusterState()
-                self.caught_up.clear()
-                await asyncio.sleep(1.0)
-            finally:
-                mirror.cancel()
-                with contextlib.suppress(Exception):
-                    await follower.close()
-
-    async def _mirror(self, follower: Follower) -> None:
-        await follower.caught_up.wait()
-        self.caught_up.set()
+        self.reg_seq = 0
+        self._lost = loss
+        self._poke.set()
 
     async def run(self) -> None:
-        """Check every `interval` seconds until cancelled."""
+        """Check every `interval` seconds (at once after a lost log) until cancelled."""
         while True:
-            await asyncio.sleep(self.interval)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.interval):
+                    await self._poke.wait()
+            self._poke.clear()
             try:
                 await self.check()
-            except (StreamsError, OSError) as exc:
+            except Exception as exc:  # NATS slow or away: the next check tries again
                 log.warning("resync check skipped: %s", exc)
 
     async def check(self) -> None:
         """One comparison of the log with what runs here."""
+        if self._lost is not None:
+            loss, self._lost = self._lost, None
+            log.warning("re-registering: the log lost this node (%s)", loss)
+            try:
+                await self.reregister(f"the log was lost: {loss}")
+            except BaseException:
+                self._lost = loss  # not said yet: try again on the next check
+                raise
+            return
         if not self.caught_up.is_set():
             return
         info = await js_api(self.nc, f"$JS.API.STREAM.INFO.{MOTOR_STREAM}")
         first_seq = int(info["state"]["first_seq"])
         last_seq = int(info["state"]["last_seq"])
-        if self.state.last_seq > last_seq:
-            log.warning(
-                "fold at seq %d is past the stream's last seq %d: rebuilding it",
-                self.state.last_seq,
-                last_seq,
-            )
-            self._restart_fold()
         reason, instance_only = missing_reason(
             self.state,
             self.node_id,
@@ -183,7 +176,4 @@ class Observer:
         await self.reregister(reason)
 
     async def close(self) -> None:
-        if self._fold_task is not None:
-            self._fold_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._fold_task
+        await self.log.close()

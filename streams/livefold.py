@@ -9,8 +9,8 @@ coordinator, the node agent's resync observer and `motor up`'s live view handle 
 - **stream away** (`StreamMissing`, e.g. while JetStream restores after a restart, or between
   a delete and a create): wait; resume when it is back, as the same stream or a new one.
 - **lost log** (purged, deleted and created again, rewound; see `streams.lostlog`): the fold
-  starts over from the stream's start after calling `on_lost(reason)`, so the caller can
-  rebuild its state from what the log holds now (`on_log_lost`).
+  starts over from the stream's start after calling `on_lost(loss)` (a `Loss`: kind and
+  sentence), so the caller can rebuild its state from what the log holds now (`on_log_lost`).
 - **poison** (undecodable, unknown type, newer schema, inapplicable: the apply callback
   raised): skipped, counted by reason, logged once with stream and sequence
   (`streams.poison`); the fold goes on.
@@ -38,14 +38,14 @@ from core.errors import DecodeError
 from streams.consumer import Delivery, PushConsumer, StreamMissing, StreamReplaced, js_api
 from streams.definitions import HB_STREAM, MOTOR_STREAM
 from streams.errors import StreamsError
-from streams.lostlog import LossDetector, StreamView
+from streams.lostlog import Loss, LossDetector, StreamView
 from streams.poison import SkipLog, Skipped
 from streams.reader import Record
 
 log = logging.getLogger(__name__)
 
 Apply = Callable[[Record], None]
-OnLost = Callable[[str], Awaitable[None] | None]
+OnLost = Callable[[Loss], Awaitable[None] | None]
 
 RETRY_MAX = 2.0  # longest pause before a consumer is tried again after an unexpected error
 
@@ -390,7 +390,7 @@ class LiveFold:
         if not self._closed:
             lane.task = asyncio.create_task(self._run(lane), name=f"{self.name}-{lane.stream}")
 
-    async def _log_lost(self, reason: str, view: StreamView) -> None:
+    async def _log_lost(self, reason: Loss, view: StreamView) -> None:
         """`on_log_lost`: start the fold over from the start of what the stream holds now."""
         self.lost += 1
         log.warning(

@@ -22,7 +22,7 @@ import collections
 import re
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 # Borderline removals count as age-out: the server's expiry runs on a timer.
 SLACK = 1.0
@@ -73,6 +73,17 @@ class StreamView:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class Loss:
+    """Why the log no longer holds what was folded; `str()` is the sentence for logs."""
+
+    kind: Literal["purged", "recreated", "rewound"]
+    text: str
+
+    def __str__(self) -> str:
+        return self.text
+
+
 def removed_while_young(ts: float, now: float, max_age: float) -> bool:
     """Whether a message written at `ts` and gone at `now` cannot have aged out."""
     return max_age <= 0 or ts > now - max_age + SLACK
@@ -105,21 +116,24 @@ class LossDetector:
         if len(s) > MAX_SAMPLES:
             self.samples = collections.deque(list(s)[::2] + ([s[-1]] if len(s) % 2 == 0 else []))
 
-    def observe(self, view: StreamView, folded: int) -> str | None:
+    def observe(self, view: StreamView, folded: int) -> Loss | None:
         """Why the log no longer holds what was folded (up to seq `folded`), or None."""
         if self.created is None:
             self.created = view.created
         elif view.created != self.created:
-            return f"stream was deleted and created again (created {view.created}, was {self.created})"
+            text = f"stream was deleted and created again (created {view.created}, was {self.created})"
+            return Loss("recreated", text)
         if view.last_seq < folded:
-            return f"stream's last seq {view.last_seq} is below the folded seq {folded}: its tail is gone"
+            text = f"stream's last seq {view.last_seq} is below the folded seq {folded}: its tail is gone"
+            return Loss("rewound", text)
         removed = view.first_seq - 1
         young = self._newest_at_or_below(removed)
         if young is not None and removed_while_young(young[1], view.now, view.max_age):
-            return (
+            text = (
                 f"stream was purged: seq {young[0]} (written {view.now - young[1]:.0f}s ago, younger than "
                 f"max_age) is gone; first seq is now {view.first_seq}"
             )
+            return Loss("purged", text)
         self._learn(view)
         return None
 

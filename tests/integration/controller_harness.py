@@ -25,7 +25,9 @@ from nats.aio.client import Client
 
 from core.events import EventBase
 from core.ids import new_id
-from streams.reader import Follower, Record
+from streams.livefold import LiveFold
+from streams.lostlog import Loss
+from streams.reader import Record
 from tests.integration.nodeagent_harness import MARKER, Agent, free_port, kill_marked
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -128,23 +130,34 @@ class Controller:
 
 
 class LogTail:
-    """Follows the whole MOTOR stream (events and commands) into a list."""
+    """Follows the whole MOTOR stream (events and commands) into a list, through outages and lost logs.
+
+    After a purge the fold starts over from the stream's first seq: records already tailed are
+    not added twice. After a delete-and-recreate sequences start at 1 again: every record is new.
+    `losses` lists what the log lost, in order.
+    """
 
     def __init__(self, nc: Client) -> None:
         self.records: list[Record] = []
+        self.losses: list[Loss] = []
         self._changed = asyncio.Event()
-        self._follower = Follower(nc)
-        self._task: asyncio.Task[None] | None = None
+        self._floor = 0  # after a purge: sequences at or below this were tailed already
+        self._fold = LiveFold(nc, self._apply, on_lost=self._lost, name="test-tail", check_interval=0.5)
 
     async def start(self) -> LogTail:
-        await self._follower.start()
-        self._task = asyncio.create_task(self._run())
+        await self._fold.start()
+        await self._fold.caught_up.wait()
         return self
 
-    async def _run(self) -> None:
-        async for rec in self._follower:
-            self.records.append(rec)
-            self._changed.set()
+    def _apply(self, rec: Record) -> None:
+        if rec.seq <= self._floor:
+            return
+        self.records.append(rec)
+        self._changed.set()
+
+    def _lost(self, loss: Loss) -> None:
+        self.losses.append(loss)
+        self._floor = self.records[-1].seq if loss.kind == "purged" and self.records else 0
 
     def index(self) -> int:
         return len(self.records)
@@ -173,11 +186,7 @@ class LogTail:
         return [r.event for r in self.records[after:] if pred(r.event)]
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        await self._follower.close()
+        await self._fold.close()
 
 
 def _brief(ev: Any) -> str:

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-import pytest
 import pytest_asyncio
 from nats.aio.client import Client
 from nats.js import JetStreamContext
@@ -21,6 +20,7 @@ from core.codec import encode
 from streams.connection import connect
 from streams.definitions import HB_STREAM, MOTOR_STREAM, ensure_streams
 from streams.livefold import LiveFold
+from streams.lostlog import Loss
 from streams.poison import Skipped
 from streams.publisher import Publisher
 from streams.reader import Record
@@ -51,8 +51,8 @@ class Sink:
         self.beats.append(rec)
         self._changed.set()
 
-    def on_lost(self, reason: str) -> None:
-        self.lost.append(reason)
+    def on_lost(self, reason: Loss) -> None:
+        self.lost.append(str(reason))
         self.records.clear()  # what a fold rebuilt from the log does
         self._changed.set()
 
@@ -70,6 +70,14 @@ class Sink:
 
     def seqs(self) -> list[int]:
         return [r.seq for r in self.records]
+
+
+async def until(pred: Callable[[], bool], within: float = DEADLINE) -> None:
+    """Poll a condition nothing can be awaited for."""
+    deadline = time.monotonic() + within
+    while not pred():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.05)
 
 
 def fold_of(nc: Client, sink: Sink, **kw: Any) -> LiveFold:
@@ -177,9 +185,7 @@ async def test_nats_killed_and_restarted_later_the_fold_resumes_without_gap(
         await asyncio.sleep(8.0)  # longer than every consumer's heartbeat check: all of them give up once
         assert not fold.health().connected
         await private_nats.start()
-        async with asyncio.timeout(DEADLINE):
-            while not nc.is_connected:
-                await asyncio.sleep(0.05)  # nothing to await: nats-py reconnects on its own timer
+        await until(lambda: nc.is_connected)  # nats-py reconnects on its own timer
         for ev in events[20:]:
             await pub.publish(ev)
         await js.publish(subjects.heartbeat("n2"), encode(status_changed(1)))
@@ -261,9 +267,10 @@ async def test_age_out_is_not_a_lost_log(js: JetStreamContext, nc: Client) -> No
         await fold.start()
         try:
             await sink.until(lambda: len(sink.records) == 5)
-            async with asyncio.timeout(DEADLINE):
-                while (info := await js.stream_info(name)).state.messages:
-                    await asyncio.sleep(0.2)  # nothing to await: the server expires on its timer
+            deadline = time.monotonic() + DEADLINE
+            while (info := await js.stream_info(name)).state.messages:  # the server expires on its timer
+                assert time.monotonic() < deadline, "messages did not age out"
+                await asyncio.sleep(0.2)
             assert info.state.first_seq == 6
             await asyncio.sleep(1.0)  # several checks after the age-out
             assert sink.lost == [] and fold.lost == 0

@@ -5,7 +5,7 @@ from typing import Any
 import orjson
 import pytest
 from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import strategies as hst
 
 from core.codec import decode
 from core.events import (
@@ -285,22 +285,22 @@ def test_refresh_ids_given_as_digit_strings_still_count() -> None:
     assert list(s.external) == [7]
 
 
-_JSON = st.recursive(
-    st.none()
-    | st.booleans()
-    | st.integers(-(2**63), 2**63 - 1)
-    | st.floats(allow_nan=False, allow_infinity=False)
-    | st.text(max_size=5),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+_JSON = hst.recursive(
+    hst.none()
+    | hst.booleans()
+    | hst.integers(-(2**63), 2**63 - 1)
+    | hst.floats(allow_nan=False, allow_infinity=False)
+    | hst.text(max_size=5),
+    lambda inner: hst.lists(inner, max_size=3) | hst.dictionaries(hst.text(max_size=4), inner, max_size=3),
     max_leaves=8,
 )
 
 
 @settings(max_examples=200, deadline=None)
 @given(
-    verb=st.sampled_from(["set", "add", "del"]),
-    entries=st.lists(
-        st.dictionaries(st.sampled_from(["id", "ip", "port", "x"]), _JSON, max_size=4), max_size=4
+    verb=hst.sampled_from(["set", "add", "del"]),
+    entries=hst.lists(
+        hst.dictionaries(hst.sampled_from(["id", "ip", "port", "x"]), _JSON, max_size=4), max_size=4
     ),
 )
 def test_apply_never_raises_on_any_decodable_refresh(verb: str, entries: list[dict[str, Any]]) -> None:
