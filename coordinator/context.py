@@ -1,7 +1,8 @@
 """CoordinatorContext: the one typed object holding a coordinator's state (no module globals).
 
-The service makes it, feeds the log into it (`apply`), sets `caught_up` once the followers
-have replayed the log, and hands it to the proxy and to the management app.
+The service makes it, feeds the log into it (`apply`, through `coordinator.feed`), whose fold
+sets `caught_up` once it has replayed the log, and hands it to the proxy and to the
+management app.
 """
 
 from __future__ import annotations
@@ -24,6 +25,12 @@ class EventPublisher(Protocol):
     async def publish(self, event: EventBase, *, expected_last_subject_seq: int | None = None) -> int: ...
 
 
+class LogPosition(Protocol):
+    """What the context needs of the fold that feeds it (`streams.livefold.LiveFold`)."""
+
+    async def wait_for(self, seq: int, within: float) -> bool: ...
+
+
 @dataclass(eq=False)
 class CoordinatorContext:
     """Settings, routing table, publisher, metrics and the caught-up flag of one coordinator."""
@@ -35,38 +42,20 @@ class CoordinatorContext:
     source: str = "coordinator"  # `source` of the events this coordinator appends
     caught_up: asyncio.Event = field(default_factory=asyncio.Event)
     started_at: float = field(default_factory=time.time)
-    _waiters: list[tuple[int, asyncio.Future[None]]] = field(default_factory=list)
+    log: LogPosition | None = None  # the fold of the log feeding `apply` (coordinator.feed)
 
     def __post_init__(self) -> None:
         self.metrics.bind_table(self.table, self.caught_up.is_set)
 
     def apply(self, event: AnyEvent | EventBase, seq: int = 0) -> None:
-        """Fold one event into the table and wake whoever waits for its sequence."""
+        """Fold one event into the table."""
         self.table.apply(event, seq)
-        if self._waiters:
-            done = self.table.last_seq
-            keep = []
-            for want, fut in self._waiters:
-                if want <= done:
-                    if not fut.done():
-                        fut.set_result(None)
-                else:
-                    keep.append((want, fut))
-            self._waiters = keep
 
     async def wait_applied(self, seq: int, within: float) -> bool:
-        """Wait until the table has folded MOTOR sequence `seq`; False on timeout."""
-        if self.table.last_seq >= seq:
-            return True
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append((seq, fut))
-        try:
-            await asyncio.wait_for(fut, within)
-            return True
-        except TimeoutError:
+        """Wait until the fold has handled MOTOR sequence `seq`; False on timeout or without a fold."""
+        if self.log is None:
             return False
-        finally:
-            self._waiters = [(s, f) for s, f in self._waiters if f is not fut]
+        return await self.log.wait_for(seq, within)
 
     def readiness(self) -> tuple[bool, str]:
         """(ready, reason): caught up with the log and some model has a usable route."""

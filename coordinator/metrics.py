@@ -203,6 +203,18 @@ class CoordinatorMetrics:
             ["endpoint", "result"],
             registry=r,
         )
+        # The fold of the log (streams.livefold): what it skipped and how often the log was lost.
+        self.events_skipped = Counter(
+            "motor_coordinator_events_skipped",
+            "Events the fold skipped: undecodable, unknown_type, newer_schema, inapplicable",
+            ["reason"],
+            registry=r,
+        )
+        self.log_lost = Counter(
+            "motor_coordinator_log_lost",
+            "Times the log was found purged, recreated or rewound (the table is kept and the new log folded on top)",
+            registry=r,
+        )
         self._table_collector: TableCollector | None = None
 
     def bind_table(self, table: RoutingTable, caught_up: Callable[[], bool] | None = None) -> None:

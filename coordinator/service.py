@@ -1,8 +1,9 @@
 """The coordinator process: follow the log into the routing table, serve /v1 and management.
 
 One `AsyncExitStack`-style lifecycle: connect to NATS, ensure the streams, follow MOTOR
-(events) and MOTOR_HB (heartbeats) into the context's table, then listen. The table is
-caught up once both followers have replayed what existed at start.
+(events) and MOTOR_HB (heartbeats) into the context's table (`coordinator.feed`, through
+outages, poison events and a lost log), then listen. The table is caught up once both
+streams are replayed to what existed at start.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ from coordinator.proxy.flows import Flows
 from coordinator.proxy.pool import UpstreamPool
 from coordinator.proxy.server import ProxyServer
 from coordinator.table import Incarnation
-from core import subjects
 from core.config import CoordinatorConfig
 from core.events import Role
 from httpcore.metrics import HttpCollector
@@ -174,8 +174,7 @@ class CoordinatorService:
         self.server: ProxyServer | None = None
         self.mgmt_server: ProxyServer | None = None
         self._nc: Any = None
-        self._tasks: list[asyncio.Task[None]] = []
-        self._followers: list[Any] = []
+        self._fold: Any = None  # streams.livefold.LiveFold, made in start()
         self._lifespan: Lifespan | None = None
         self._proxy: Proxy | None = None
 
@@ -189,10 +188,10 @@ class CoordinatorService:
         """Connect, ensure streams, start following the log and listen."""
         from nats.js import JetStreamContext
 
+        from coordinator.feed import follow_log
         from streams.connection import connect
-        from streams.definitions import HB_STREAM, MOTOR_STREAM, ensure_streams
+        from streams.definitions import ensure_streams
         from streams.publisher import Publisher
-        from streams.reader import Follower
 
         self._nc = await connect(self.nats, name=self.name, retry_initial=True)
         js: JetStreamContext = self._nc.jetstream()
@@ -200,12 +199,8 @@ class CoordinatorService:
         ctx = self.ctx = CoordinatorContext(
             settings=self.settings, publisher=Publisher(js), source=f"coordinator/{self.name}"
         )
-        events = Follower(self._nc, MOTOR_STREAM, filter_subject=subjects.ALL_EVENTS)
-        beats = Follower(self._nc, HB_STREAM)
-        self._followers = [events, beats]
-        loop = asyncio.get_running_loop()
-        self._tasks = [loop.create_task(self._follow(f)) for f in self._followers]
-        self._tasks.append(loop.create_task(self._catch_up()))
+        self._fold = follow_log(ctx, self._nc, name=f"coordinator/{self.name}")
+        await self._fold.start()
         mgmt = None
         try:
             from coordinator.mgmt import create_mgmt_app  # type: ignore[import-not-found,unused-ignore]
@@ -235,21 +230,6 @@ class CoordinatorService:
             log.info("coordinator management API on http://%s:%d", self.host, self.mgmt_server.port)
         ctx.metrics.registry.register(http)
 
-    async def _follow(self, follower: Any) -> None:
-        assert self.ctx is not None
-        apply = self.ctx.apply
-        async for rec in follower:
-            try:
-                apply(rec.event, rec.seq)
-            except Exception:  # one bad event must not stop the fold
-                log.exception("could not apply %s #%d", rec.subject, rec.seq)
-
-    async def _catch_up(self) -> None:
-        assert self.ctx is not None
-        await asyncio.gather(*(f.caught_up.wait() for f in self._followers))
-        self.ctx.caught_up.set()
-        log.info("coordinator caught up with the log at seq %d", self.ctx.table.last_seq)
-
     async def stop(self) -> None:
         """Stop listening, stop following, close NATS."""
         if self.server is not None:
@@ -258,14 +238,9 @@ class CoordinatorService:
             await self.mgmt_server.stop()
         if self._proxy is not None:
             await self._proxy.close()
-        for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
-        for f in self._followers:
+        if self._fold is not None:
             with contextlib.suppress(Exception):
-                await f.close()
+                await self._fold.close()
         if self._lifespan is not None:
             await self._lifespan.stop()
         if self._nc is not None:

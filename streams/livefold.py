@@ -394,11 +394,11 @@ class LiveFold:
         """`on_log_lost`: start the fold over from the start of what the stream holds now."""
         self.lost += 1
         log.warning(
-            "%s: the log lost what was folded (%s); folding %s again from seq %d",
+            "%s: the log lost what was folded (%s); folding %s again from its start (seq %d)",
             self.name,
             reason,
             self.stream,
-            view.first_seq,
+            max(1, view.first_seq),
         )
         lane = self._motor
         await self._stop_lane(lane)

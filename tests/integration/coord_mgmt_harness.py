@@ -1,8 +1,8 @@
 """A management API over a real nats-server: the context fed by real followers, served by uvicorn.
 
 The same wiring as the coordinator service, minus the /v1 proxy: MOTOR events and MOTOR_HB
-heartbeats are followed into a `CoordinatorContext`, writes go through a real `Publisher`, and
-the FastAPI app listens on a free port.
+heartbeats are followed into a `CoordinatorContext` (`coordinator.feed`), writes go through a
+real `Publisher`, and the FastAPI app listens on a free port.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import contextlib
 import socket
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -22,13 +22,12 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 
 from coordinator.context import CoordinatorContext
+from coordinator.feed import follow_log
 from coordinator.mgmt import create_mgmt_app
-from core import subjects
 from core.config import CoordinatorConfig
 from core.events import EventBase
-from streams.definitions import HB_STREAM, MOTOR_STREAM
+from streams.livefold import LiveFold
 from streams.publisher import Publisher
-from streams.reader import Follower
 
 
 @dataclass
@@ -37,7 +36,7 @@ class Harness:
     url: str
     http: aiohttp.ClientSession
     publisher: Publisher
-    _followers: list[Follower] = field(default_factory=list)
+    fold: LiveFold | None = None
 
     async def append(self, *events: EventBase) -> int:
         """Append events as their producers would, and wait until the table holds them."""
@@ -67,11 +66,6 @@ def _body(raw: bytes, content_type: str) -> Any:
     return raw
 
 
-async def _follow(ctx: CoordinatorContext, follower: Follower) -> None:
-    async for rec in follower:
-        ctx.apply(rec.event, rec.seq)
-
-
 @contextlib.asynccontextmanager
 async def running_mgmt(
     nc: Client, js: JetStreamContext, settings: CoordinatorConfig | None = None, *, follow: bool = True
@@ -81,19 +75,9 @@ async def running_mgmt(
     ctx = CoordinatorContext(
         settings=settings or CoordinatorConfig(), publisher=publisher, source="coordinator/t"
     )
-    followers = (
-        [Follower(nc, MOTOR_STREAM, filter_subject=subjects.ALL_EVENTS), Follower(nc, HB_STREAM)]
-        if follow
-        else []
-    )
-    tasks = [asyncio.create_task(_follow(ctx, f)) for f in followers]
-
-    async def catch_up() -> None:
-        await asyncio.gather(*(f.caught_up.wait() for f in followers))
-        ctx.caught_up.set()
-
-    if follow:
-        tasks.append(asyncio.create_task(catch_up()))
+    fold = follow_log(ctx, nc, name="coordinator/t") if follow else None
+    if fold is not None:
+        await fold.start()
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
@@ -111,18 +95,12 @@ async def running_mgmt(
             if time.monotonic() > deadline:
                 raise TimeoutError("management server did not start")
             await asyncio.sleep(0.01)
-        yield Harness(ctx, f"http://127.0.0.1:{port}", http, publisher, followers)
+        yield Harness(ctx, f"http://127.0.0.1:{port}", http, publisher, fold)
     finally:
         await http.close()
         server.should_exit = True
         with contextlib.suppress(Exception):
             await asyncio.wait_for(serve, 10)
-        for t in tasks:
-            t.cancel()
-        for t in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
-        for f in followers:
-            with contextlib.suppress(Exception):
-                await f.close()
+        if fold is not None:
+            await fold.close()
         sock.close()

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
+import orjson
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
 from coordinator.context import CoordinatorContext
 from coordinator.table import RoutingTable
+from core.codec import encode
 from core.config import CoordinatorConfig
 from core.events import EndpointStatus, InstanceState, Role
 from streams.definitions import MOTOR_STREAM
@@ -227,11 +230,25 @@ async def test_writes_without_an_event_log_are_503(nc: Client, js: JetStreamCont
         assert status == 503 and body["error"]["code"] == "no_event_log"
 
 
-async def test_wait_applied_times_out_without_a_follower() -> None:
+async def test_wait_applied_without_a_fold_of_the_log_is_false_at_once() -> None:
     ctx = CoordinatorContext()
-    assert not await ctx.wait_applied(5, 0.05)
-    assert ctx._waiters == []
-    waiter = asyncio.ensure_future(ctx.wait_applied(2, 10))
-    await asyncio.sleep(0)
-    ctx.apply(alarm(9), 2)  # any MOTOR event: only its sequence matters here
-    assert await waiter
+    started = time.monotonic()
+    assert not await ctx.wait_applied(5, 10.0)
+    assert time.monotonic() - started < 1.0
+
+
+async def test_poison_events_are_skipped_counted_and_the_table_folds_on(
+    nc: Client, js: JetStreamContext
+) -> None:
+    async with running_mgmt(nc, js) as h:
+        await asyncio.wait_for(h.ctx.caught_up.wait(), 20)
+        await js.publish("motor.evt.fault.rogue", b"{not json")
+        body = orjson.loads(encode(alarm(9))) | {"id": "u1", "type": "node.exploded"}
+        await js.publish("motor.evt.fault.rogue", orjson.dumps(body))
+        body = orjson.loads(encode(alarm(9))) | {"id": "v99", "schema_version": 99}
+        await js.publish("motor.evt.precision.9", orjson.dumps(body))
+        await h.append(alarm(4))  # folded after the poison
+        assert 4 in h.ctx.table.state.alarms
+        text = (await h.get("/metrics"))[1].decode()
+        for reason in ("undecodable", "unknown_type", "newer_schema"):
+            assert f'motor_coordinator_events_skipped_total{{reason="{reason}"}} 1.0' in text

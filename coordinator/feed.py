@@ -1,0 +1,57 @@
+"""The coordinator's fold of the log: MOTOR events and MOTOR_HB heartbeats into its table.
+
+Through `streams.livefold.LiveFold`, so an outage, a stream away for a while, a poison event
+or a lost log are handled where every other fold handles them. The coordinator keeps
+serving from memory across a lost log: its table is not emptied, the new log is folded on
+top of it (nodes register again and instances are re-adopted under their ids, so the
+result converges on what the controller rebuilds).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from nats.aio.client import Client
+
+from coordinator.context import CoordinatorContext
+from core import subjects
+from streams.livefold import LiveFold
+from streams.lostlog import Loss
+from streams.poison import Skipped
+from streams.reader import Record
+
+log = logging.getLogger(__name__)
+
+
+def follow_log(ctx: CoordinatorContext, nc: Client, *, name: str = "coordinator") -> LiveFold:
+    """A LiveFold feeding `ctx` (not started); `ctx.wait_applied` waits on it."""
+
+    def events(rec: Record) -> None:
+        ctx.apply(rec.event, rec.seq)
+
+    def heartbeats(rec: Record) -> None:
+        ctx.apply(rec.event, 0)  # not a MOTOR sequence
+
+    def skipped(s: Skipped) -> None:
+        ctx.metrics.events_skipped.labels(s.reason).inc()
+
+    def lost(loss: Loss) -> None:
+        ctx.metrics.log_lost.inc()
+        log.warning(
+            "the log was lost (%s): serving from the table as it is, folding the new log on top", loss
+        )
+        if loss.kind != "purged":
+            ctx.table.last_seq = 0  # sequences start over: report the new log's position
+
+    fold = LiveFold(
+        nc,
+        events,
+        filter_subject=subjects.ALL_EVENTS,
+        heartbeats=heartbeats,
+        on_lost=lost,
+        on_skip=skipped,
+        name=name,
+        caught_up=ctx.caught_up,
+    )
+    ctx.log = fold
+    return fold
