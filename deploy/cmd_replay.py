@@ -16,6 +16,8 @@ from typing import Any
 
 from deploy.common import add_nats_args, load_config_file, nats_options, unreachable_hint
 
+MAX_LISTED = 1000  # skipped events listed by a replay (all are counted)
+
 
 def register(sub: Any) -> None:
     p = sub.add_parser(
@@ -60,39 +62,44 @@ def parse_time(text: str) -> float:
     return dt.timestamp()
 
 
-async def load_records(args: argparse.Namespace) -> tuple[list[Any], int]:
-    """The records of the range asked for, and how many could not be decoded."""
+async def load_records(args: argparse.Namespace) -> tuple[list[Any], list[Any]]:
+    """The records of the range asked for, and the events that could not be decoded (`Skipped`)."""
     until_time = parse_time(args.until_time) if args.until_time else None
     if args.from_file:
         return read_jsonl_records(Path(args.from_file), until_seq=args.until_seq, until_time=until_time)
     from streams.connection import connect
     from streams.definitions import MOTOR_STREAM
-    from streams.reader import read_range
+    from streams.reader import SkipCounter, read_range
 
+    skips = SkipCounter(MOTOR_STREAM, keep=MAX_LISTED, quiet=True)
     nc = await asyncio.wait_for(connect(nats_options(args), name="motor-replay"), timeout=5)
     try:
         records = [
-            r async for r in read_range(nc, MOTOR_STREAM, until_seq=args.until_seq, until_time=until_time)
+            r
+            async for r in read_range(
+                nc, MOTOR_STREAM, until_seq=args.until_seq, until_time=until_time, skips=skips
+            )
         ]
     finally:
         await nc.close()
-    return records, 0
+    return records, list(skips.recent)
 
 
 def read_jsonl_records(
     path: Path, *, until_seq: int | None = None, until_time: float | None = None
-) -> tuple[list[Any], int]:
-    """The MOTOR records of an export as typed events; undecodable ones are counted."""
+) -> tuple[list[Any], list[Any]]:
+    """The MOTOR records of an export as typed events, and the lines that could not be decoded."""
     from core.codec import decode_dict
     from core.errors import DecodeError
     from streams.definitions import MOTOR_STREAM
+    from streams.poison import Skipped, reason_for
     from streams.reader import Record
     from streams.replay import iter_jsonl
 
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such export file")
     records: list[Any] = []
-    skipped = 0
+    skipped: list[Any] = []
     for line in iter_jsonl(path):
         if line.stream != MOTOR_STREAM:
             continue
@@ -102,13 +109,35 @@ def read_jsonl_records(
             if not isinstance(line.event, dict):
                 raise DecodeError("not a JSON object")
             ev = decode_dict(line.event)
-        except DecodeError:
-            skipped += 1
+        except DecodeError as exc:
+            skipped.append(Skipped(MOTOR_STREAM, line.seq, line.subject, reason_for(exc), str(exc)))
             continue
         if until_time is not None and ev.ts > until_time:
             break
         records.append(Record(MOTOR_STREAM, line.seq, line.subject, ev))
     return records, skipped
+
+
+def fold_records(records: list[Any], skipped: list[Any]) -> tuple[Any, list[Any]]:
+    """Fold records into a state; one the reducer cannot apply is skipped (`inapplicable`) and dropped."""
+    from core.reducer import apply
+    from core.state import ClusterState
+    from streams.poison import INAPPLICABLE, Skipped
+
+    state = ClusterState()
+    kept: list[Any] = []
+    for rec in records:
+        try:
+            state = apply(state, rec.event, rec.seq)
+        except Exception as exc:  # the tool for debugging a poisoned log must not die on it
+            skipped.append(
+                Skipped(rec.stream, rec.seq, rec.subject, INAPPLICABLE, f"{type(exc).__name__}: {exc}")
+            )
+            continue
+        kept.append(rec)
+    records[:] = kept
+    skipped.sort(key=lambda s: s.seq)
+    return state, skipped
 
 
 def _replay(args: argparse.Namespace) -> int:
@@ -131,22 +160,20 @@ def _replay(args: argparse.Namespace) -> int:
     return run_replay(args, records, skipped)
 
 
-def run_replay(args: argparse.Namespace, records: list[Any], skipped: int = 0) -> int:
+def run_replay(args: argparse.Namespace, records: list[Any], skipped: list[Any] | None = None) -> int:
     """Everything after the records are loaded (also used by tests)."""
     from rich.console import Console
 
-    from core.reducer import apply
-    from core.state import ClusterState, state_to_dict
+    from core.state import state_to_dict
     from deploy.status import status_table
 
     console = Console()
-    state = ClusterState()
-    for rec in records:
-        state = apply(state, rec.event, rec.seq)
+    state, skipped = fold_records(records, list(skipped or []))
     span = f"seq {records[0].seq}–{records[-1].seq}" if records else "empty range"
-    console.print(
-        f"replayed {len(records)} events ({span}); {skipped} skipped (unknown type or newer schema)"
-    )
+    console.print(f"replayed {len(records)} events ({span}); {len(skipped)} skipped")
+    if skipped:
+        # Beside --json's state on stdout, the poison goes to stderr: both stay readable.
+        print_skipped(Console(stderr=True) if args.json else console, skipped)
     code = 0
     if args.explain:
         from streams.explain import explain, render
@@ -177,6 +204,17 @@ def run_replay(args: argparse.Namespace, records: list[Any], skipped: int = 0) -
         console.print(status_table(state, state.last_ts or time.time()))
         console.print(_routing_summary(records))
     return code
+
+
+def print_skipped(console: Any, skipped: list[Any], limit: int = 50) -> None:
+    """The events the fold went on without: sequence, reason, why (poison is shown, never fatal)."""
+    console.print("skipped events (the fold went on without them):", highlight=False)
+    for s in skipped[:limit]:
+        console.print(
+            f"  seq {s.seq:>8}  {s.reason:<13} {s.subject}  {s.detail}", markup=False, highlight=False
+        )
+    if len(skipped) > limit:
+        console.print(f"  … and {len(skipped) - limit} more", markup=False, highlight=False)
 
 
 def _verify(args: argparse.Namespace, records: list[Any], console: Any) -> int:

@@ -197,6 +197,9 @@ class EventTable:
         except orjson.JSONDecodeError:
             event = body.decode("utf-8", "replace")
         row = {"stream": self.stream, "seq": seq, "subject": subject, "time": ts, "event": event}
+        poison = skip_reason(body)
+        if poison is not None:
+            row["skipped"] = {"reason": poison[0], "detail": poison[1]}
         if self.live:
             row["time"] = ts if ts is not None else time.time()
             self._emit(row)
@@ -214,9 +217,7 @@ class EventTable:
             from rich.console import Console
 
             self._console = Console(highlight=False)
-        ev = row["event"]
-        etype = ev.get("type", "?") if isinstance(ev, dict) else "(not JSON)"
-        summary = summarize(ev.get("data")) if isinstance(ev, dict) else str(ev)
+        etype, summary = _cells(row)
         from rich.text import Text
 
         line = Text.assemble(
@@ -251,13 +252,35 @@ class EventTable:
         table.add_column("type", style="bold")
         table.add_column("data", overflow="fold")
         for row in self.rows:
-            ev = row["event"]
-            if isinstance(ev, dict):
-                etype, summary = str(ev.get("type", "?")), summarize(ev.get("data"))
-            else:
-                etype, summary = "(not JSON)", str(ev)
+            etype, summary = _cells(row)
             # Text, not str: event data must never be read as rich markup.
             table.add_row(
                 str(row["seq"]), short_time(row["time"]), Text(row["subject"]), Text(etype), Text(summary)
             )
         Console(highlight=False).print(table)
+
+
+def skip_reason(body: bytes) -> tuple[str, str] | None:
+    """(reason, detail) when a fold would skip this message (undecodable, unknown type, newer schema)."""
+    from core.codec import decode
+    from core.errors import DecodeError
+    from streams.poison import reason_for
+
+    try:
+        decode(body)
+    except DecodeError as exc:
+        return reason_for(exc), str(exc)
+    return None
+
+
+def _cells(row: dict[str, Any]) -> tuple[str, str]:
+    """The type and data cells of a row; a message folds skip says so, with the reason."""
+    ev = row["event"]
+    if isinstance(ev, dict):
+        etype, summary = str(ev.get("type", "?")), summarize(ev.get("data"))
+    else:
+        etype, summary = "(not JSON)", str(ev)
+    skipped = row.get("skipped")
+    if skipped:
+        return f"{etype} SKIPPED: {skipped['reason']}", f"{skipped['detail']} | {summary}"
+    return etype, summary

@@ -9,73 +9,69 @@ from typing import Any
 
 from core.reducer import apply
 from core.state import ClusterState
+from streams.reader import SkipCounter
 
 
 class StateWatcher:
-    """Follows both streams and keeps `state` current; `caught_up` once MOTOR is replayed."""
+    """Follows both streams and keeps `state` current; `caught_up` once they are replayed.
+
+    Through `streams.livefold.LiveFold`: it waits out NATS outages and, when the log is lost,
+    starts over from what the log holds now (the view shows the log, not a memory of it).
+    """
 
     def __init__(self, nc: Any, on_event: Callable[[Any], None] | None = None) -> None:
         self.nc = nc
         self.on_event = on_event
         self.state = ClusterState()
         self.caught_up = asyncio.Event()
-        self._tasks: list[asyncio.Task[None]] = []
-        self._followers: list[Any] = []
+        self.fold: Any = None  # streams.livefold.LiveFold, made in start()
 
     async def start(self) -> None:
-        from streams.definitions import HB_STREAM, MOTOR_STREAM
-        from streams.reader import Follower
+        from streams.livefold import LiveFold
 
-        main = Follower(self.nc, MOTOR_STREAM)
-        hb = Follower(self.nc, HB_STREAM)
-        self._followers = [main, hb]
-        self._tasks = [
-            asyncio.create_task(self._run(main, is_main=True)),
-            asyncio.create_task(self._run(hb, is_main=False)),
-        ]
+        self.fold = LiveFold(
+            self.nc,
+            self._event,
+            heartbeats=self._heartbeat,
+            on_lost=self._lost,
+            name="motor-up view",
+            caught_up=self.caught_up,
+        )
+        await self.fold.start()
 
-        async def mark() -> None:
-            await main.caught_up.wait()
-            self.caught_up.set()
+    def _event(self, rec: Any) -> None:
+        self.state = apply(self.state, rec.event, rec.seq)
+        if self.on_event is not None:
+            self.on_event(rec)
 
-        self._tasks.append(asyncio.create_task(mark()))
+    def _heartbeat(self, rec: Any) -> None:
+        self.state = apply(self.state, rec.event, 0)
 
-    async def _run(self, follower: Any, *, is_main: bool) -> None:
-        async for rec in follower:
-            self.state = apply(self.state, rec.event, rec.seq if is_main else 0)
-            if self.on_event is not None and is_main:
-                self.on_event(rec)
+    def _lost(self, loss: Any) -> None:
+        self.state = ClusterState()
 
     def health(self) -> str:
-        """'following', or why a follower task ended (for diagnostics)."""
-        for t in self._tasks:
-            if t.done() and not t.cancelled() and t.exception() is not None:
-                return f"failed: {t.exception()!r}"
-        detail = ", ".join(
-            f"{f.stream}: seq {f.last_seq}, {f.transport or 'not started'}, {f.resets} resets"
-            for f in self._followers
-        )
-        return f"following ({detail})"
+        """How the fold fares (for diagnostics): following or waiting, position, skips, lost logs."""
+        if self.fold is None:
+            return "not started"
+        return str(self.fold.health().describe())
 
     async def stop(self) -> None:
-        for t in self._tasks:
-            t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
-        for f in self._followers:
-            with contextlib.suppress(Exception):
-                await f.close()
+        if self.fold is not None:
+            await self.fold.close()
 
 
 async def snapshot_state(nc: Any) -> ClusterState:
-    """Fold what the log holds now (MOTOR, then the latest heartbeats) and return it."""
-    from streams.definitions import HB_STREAM, MOTOR_STREAM
-    from streams.reader import read_range
+    """Fold what the log holds now (MOTOR, then the latest heartbeats) and return it.
 
-    state = ClusterState()
-    async for rec in read_range(nc, MOTOR_STREAM):
-        state = apply(state, rec.event, rec.seq)
-    async for rec in read_range(nc, HB_STREAM):
-        state = apply(state, rec.event, 0)
+    Events the fold cannot use are skipped (`streams.replay`), never a traceback.
+    """
+    from streams.definitions import HB_STREAM
+    from streams.reader import read_range
+    from streams.replay import fold_stream
+
+    state, _ = await fold_stream(nc)
+    async for rec in read_range(nc, HB_STREAM, skips=SkipCounter(HB_STREAM, quiet=True)):
+        with contextlib.suppress(Exception):  # a heartbeat the reducer cannot use changes nothing
+            state = apply(state, rec.event, 0)  # not a MOTOR sequence
     return state

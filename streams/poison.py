@@ -57,8 +57,11 @@ class Skipped:
 class SkipLog:
     """Counts skipped events by reason, logs each once, keeps the latest for display."""
 
-    def __init__(self, *, on_skip: Callable[[Skipped], None] | None = None, keep: int = 50) -> None:
+    def __init__(
+        self, *, on_skip: Callable[[Skipped], None] | None = None, keep: int = 50, quiet: bool = False
+    ) -> None:
         self.on_skip = on_skip
+        self.quiet = quiet  # a CLI shows `recent` itself
         self.by_reason: collections.Counter[str] = collections.Counter()
         self.recent: collections.deque[Skipped] = collections.deque(maxlen=keep)
 
@@ -72,7 +75,7 @@ class SkipLog:
         self.by_reason[reason] += 1
         self.recent.append(skipped)
         n = self.by_reason[reason]
-        if n <= LOG_FIRST or n % LOG_EVERY == 0:
+        if not self.quiet and (n <= LOG_FIRST or n % LOG_EVERY == 0):
             more = f" ({n} {reason} so far)" if n > LOG_FIRST else ""
             log.warning("%s%s", skipped.render(), more)
         if self.on_skip is not None:

@@ -41,8 +41,8 @@ class Record:
 class SkipCounter(SkipLog):
     """A `SkipLog` for one stream, fed deliveries that could not be decoded."""
 
-    def __init__(self, stream: str) -> None:
-        super().__init__()
+    def __init__(self, stream: str, *, keep: int = 50, quiet: bool = False) -> None:
+        super().__init__(keep=keep, quiet=quiet)
         self.stream = stream
 
     def skip(self, d: Delivery, exc: DecodeError) -> None:

@@ -29,8 +29,11 @@ from core.reducer import apply
 from core.state import ClusterState
 from streams.definitions import MOTOR_STREAM
 from streams.errors import StreamsError
+from streams.poison import INAPPLICABLE, Skipped, reason_for
 from streams.publisher import MOTOR_TYPE, MSG_ID
-from streams.reader import read_batches, read_deliveries, reason_for
+from streams.reader import read_batches, read_deliveries
+
+MAX_LISTED = 1000  # skipped events kept by a replay for display (all are counted)
 
 
 @dataclass
@@ -40,9 +43,16 @@ class ReplayStats:
     applied: int = 0
     skipped: int = 0
     skip_reasons: collections.Counter[str] = field(default_factory=collections.Counter)
+    skipped_events: list[Skipped] = field(default_factory=list)  # the first MAX_LISTED, for display
     first_seq: int = 0
     last_seq: int = 0
     elapsed: float = 0.0
+
+    def skip(self, stream: str, seq: int, subject: str, reason: str, detail: str) -> None:
+        """Count one event the fold went on without."""
+        self.skip_reasons[reason] += 1
+        if len(self.skipped_events) < MAX_LISTED:
+            self.skipped_events.append(Skipped(stream, seq, subject, reason, detail))
 
     @property
     def events_per_second(self) -> float:
@@ -74,7 +84,6 @@ async def fold_stream(
     stats = ReplayStats()
     start = s.last_seq + 1 if state is not None and s.last_seq else None
     t0 = time.perf_counter()
-    skips = stats.skip_reasons
     applied = 0
     async for batch in read_batches(
         nc, stream, start_seq=start, until_seq=until_seq, until_time=until_time, raw=raw
@@ -85,13 +94,17 @@ async def fold_stream(
             try:
                 ev = decode(d.data)
             except DecodeError as exc:
-                skips[reason_for(exc)] += 1
+                stats.skip(stream, d.seq, d.subject, reason_for(exc), str(exc))
                 continue
-            s = apply(s, ev, d.seq)
+            try:
+                s = apply(s, ev, d.seq)
+            except Exception as exc:  # a reducer bug costs one event, not the replay
+                stats.skip(stream, d.seq, d.subject, INAPPLICABLE, f"{type(exc).__name__}: {exc}")
+                continue
             applied += 1
         stats.last_seq = batch[-1].seq
     stats.applied = applied
-    stats.skipped = sum(skips.values())
+    stats.skipped = sum(stats.skip_reasons.values())
     stats.elapsed = time.perf_counter() - t0
     return s, stats
 
@@ -204,11 +217,15 @@ def fold_jsonl(
                 raise DecodeError("event is not a JSON object")
             ev = decode_dict(rec.event)
         except DecodeError as exc:
-            stats.skipped += 1
-            stats.skip_reasons[reason_for(exc)] += 1
+            stats.skip(stream, rec.seq, rec.subject, reason_for(exc), str(exc))
             continue
-        s = apply(s, ev, rec.seq)
+        try:
+            s = apply(s, ev, rec.seq)
+        except Exception as exc:
+            stats.skip(stream, rec.seq, rec.subject, INAPPLICABLE, f"{type(exc).__name__}: {exc}")
+            continue
         stats.applied += 1
+    stats.skipped = sum(stats.skip_reasons.values())
     stats.elapsed = time.perf_counter() - t0
     return s, stats
 

@@ -154,3 +154,25 @@ async def test_bad_since_names_the_flag(nats_server: EmbeddedNats) -> None:
     rc, _, err = await motor("view", "--since", "yesterday", url=nats_server.url)
     assert rc == 2
     assert "--since 'yesterday'" in err and "Traceback" not in err
+
+
+async def test_view_marks_what_a_fold_skips_and_why(js: JetStreamContext, nats_server: EmbeddedNats) -> None:
+    good = mixed(2)
+    await Publisher(js).publish(good[0])
+    await js.publish("motor.evt.node.x", b"{not json")
+    body = orjson.loads(encode(good[1]))
+    await js.publish("motor.evt.node.x", orjson.dumps(body | {"id": "u1", "type": "node.teleported"}))
+    await js.publish("motor.evt.node.x", orjson.dumps(body | {"id": "v9", "schema_version": 99}))
+    rc, out, err = await motor("view", url=nats_server.url)
+    assert rc == 0 and "Traceback" not in err, err
+    assert "(not JSON) SKIPPED: undecodable" in out
+    assert "node.teleported SKIPPED: unknown_type" in out
+    assert "SKIPPED: newer_schema" in out and out.count("SKIPPED") == 3
+    rc, out, err = await motor("view", "--json", url=nats_server.url)
+    rows = [orjson.loads(line) for line in out.splitlines()]
+    assert [r.get("skipped", {}).get("reason") for r in rows] == [
+        None,
+        "undecodable",
+        "unknown_type",
+        "newer_schema",
+    ]

@@ -8,6 +8,7 @@ import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import orjson
 from nats.js import JetStreamContext
@@ -156,3 +157,85 @@ def test_parse_time_forms() -> None:
     assert parse_time("1000.5") == 1000.5
     assert parse_time("1970-01-01T00:16:40") == 1000.0
     assert parse_time("1970-01-01T01:16:40+01:00") == 1000.0
+
+
+async def poison(js: JetStreamContext) -> dict[int, str]:
+    """Issue 11's poison events after a healthy incident; seq -> the reason a fold skips it for."""
+    from core.codec import encode
+    from core.events import InstancesRefreshed, InstancesRefreshedData
+
+    body = orjson.loads(encode(registered("n8", ts=1020.0)))
+    out: dict[int, str] = {}
+    ack = await js.publish("motor.evt.node.n8", b"{not json")
+    out[ack.seq] = "undecodable"
+    ack = await js.publish("motor.evt.node.n8", orjson.dumps(body | {"id": "u", "type": "node.exploded"}))
+    out[ack.seq] = "unknown_type"
+    ack = await js.publish("motor.evt.node.n8", orjson.dumps(body | {"id": "v", "schema_version": 99}))
+    out[ack.seq] = "newer_schema"
+    ack = await js.publish(
+        "motor.evt.node.n8", orjson.dumps(body | {"id": "w", "ts": "@"}).replace(b'"@"', b"Infinity")
+    )
+    out[ack.seq] = "undecodable"
+    # Decodable, and the reducer ignores its entry without an id (it raised KeyError before).
+    no_id = InstancesRefreshed(
+        id="r",
+        ts=1021.0,
+        source="rogue",
+        data=InstancesRefreshedData(event="add", ids=(), instances=({"ip": "x"},)),
+    )
+    await Publisher(js).publish(no_id)
+    return out
+
+
+async def test_replay_shows_poison_events_instead_of_a_traceback(
+    js: JetStreamContext, nats_server: EmbeddedNats, tmp_path: Path
+) -> None:
+    await incident(js)
+    bad = await poison(js)
+    url = nats_server.url
+    rc, out, err = await motor("replay", url=url)
+    assert rc == 0 and "Traceback" not in out + err, err
+    assert f"{len(bad)} skipped" in out and "skipped events (the fold went on without them)" in out
+    for seq, reason in bad.items():
+        assert any(line.split()[:3] == ["seq", str(seq), reason] for line in out.splitlines()), (
+            seq,
+            reason,
+            out,
+        )
+    rc, out, err = await motor("replay", "--json", url=url)
+    assert rc == 0 and "Traceback" not in err
+    assert orjson.loads(out[out.index("{") :])["instances"]["3"]["state"] == "ISOLATED"
+    assert "skipped events" in err
+    # The same from an export.
+    export = tmp_path / "incident.jsonl"
+    rc, _, err = await motor("events", "export", str(export), url=url)
+    assert rc == 0, err
+    rc, out, err = await motor("replay", "--from-file", str(export), url=url)
+    assert rc == 0 and "Traceback" not in out + err, err
+    assert f"{len(bad)} skipped" in out and all(f"seq {s:>8}  {r}" in out for s, r in bad.items())
+
+
+def test_replay_folds_past_an_event_the_reducer_cannot_apply(monkeypatch: Any, capsys: Any) -> None:
+    """Whatever still raises in the reducer is `inapplicable`: listed, dropped, and the rest folded."""
+    import argparse
+
+    import core.reducer
+    from deploy.cmd_replay import run_replay
+    from streams.reader import Record
+
+    def boom(*_: Any) -> Any:
+        raise KeyError("id")
+
+    monkeypatch.setitem(core.reducer.HANDLERS, "command.start", boom)
+    records = [
+        Record("MOTOR", 1, "motor.evt.node.n7", registered("n7", ts=1000.0)),
+        Record("MOTOR", 2, "motor.evt.instance.3", assembled(3, ["n7"], ts=1001.0)),
+        Record("MOTOR", 3, "motor.cmd.n7.start", start_cmd("n7", 3, ts=1002.0)),
+        Record("MOTOR", 4, "motor.evt.endpoint.n7", ep_status("n7", "READY", ts=1003.0, instance_id=3)),
+    ]
+    args = argparse.Namespace(explain=None, timeline=None, verify=False, json=True, config=None)
+    assert run_replay(args, records, []) == 0
+    out, err = capsys.readouterr()
+    state = orjson.loads(out[out.index("{") :])
+    assert state["last_seq"] == 4 and "3" in state["instances"]
+    assert "seq        3  inapplicable  motor.cmd.n7.start  KeyError: 'id'" in err
