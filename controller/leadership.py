@@ -21,6 +21,7 @@ from controller.decision import Decision
 from controller.fold import Fold
 from controller.leader import Lease, poll_every, renew_every
 from controller.metrics import ControllerMetrics
+from core import subjects
 from core.events import LeaderChanged, LeaderChangedData
 from core.ids import derive_id
 from streams.definitions import MOTOR_STREAM
@@ -104,10 +105,33 @@ class Leadership:
             if not await lease.acquire(term=(s.leader.term if s.leader else 0) + 1):
                 await asyncio.sleep(poll_every(ttl))
 
+    def _still_fenced(self) -> bool:
+        """Whether our last announcement is still the last word on the leader subject.
+
+        Then a lease that was late to renew (a loaded machine) but is ours again resumes the
+        same reign without a new announcement: the fence still refuses our writes the moment
+        anyone else announces, so there is nothing to gain from a new term but log noise.
+        """
+        fence, s = self.appender.fence, self.fold.state
+        return (
+            fence is not None
+            and s.leader is not None
+            and s.leader.leader_id == self.id
+            and self.fold.subject_seq.get(subjects.LEADER) == fence
+        )
+
     async def _take_over(self) -> None:
         """Fold everything the stream holds now, then announce the new reign."""
         lease, fold, livefold = self.lease, self.fold, self.log
         assert livefold is not None
+        if self._still_fenced():
+            assert fold.state.leader is not None
+            lease.term = fold.state.leader.term
+            self.leader = True
+            self.metrics.is_leader.set(1)
+            log.info("leading again (term %d, still fenced by seq %s)", lease.term, self.appender.fence)
+            fold.changed.set()
+            return
         try:
             target = await stream_last_seq(self.nc, MOTOR_STREAM)
         except Exception as exc:  # NATS slow or away: try again

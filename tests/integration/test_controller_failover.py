@@ -229,3 +229,31 @@ async def test_a_deposed_leaders_late_write_is_fenced_even_on_a_subject_nobody_e
     assert before.id in ids and late_stop.id not in ids and late_state.id not in ids
     # And a controller whose lease lapsed does not even try.
     assert await appender.append([late_stop], lambda: False) is Outcome.STOPPED
+
+
+async def test_a_lease_renewed_late_resumes_the_same_reign_without_a_new_announcement(
+    nats_server: EmbeddedNats, nc: Client, js: JetStreamContext
+) -> None:
+    """A loaded machine makes a renewal late: the leader stops deciding for that moment, then
+    leads on under the same fence; it does not flap through new terms (and nobody else took over)."""
+    pub = Publisher(js)
+    await pub.publish(registration("n1", "10.4.0.1"))
+    async with running(ControllerService(cfg(), controller_id="c1", nats_urls=[nats_server.url])) as svc:
+        await wait_for(lambda: svc.leader and 1 in svc.state.instances)
+        lead = svc.leadership
+        assert lead is not None
+        fence = svc._appender.fence if svc._appender else None
+        renew = lead.lease.renew
+        slow_until = time.monotonic() + 2.5  # longer than the lease (1.5 s): it lapses on the server too
+
+        async def late() -> bool:
+            if time.monotonic() < slow_until:
+                return False  # what a renewal that timed out on a busy machine returns
+            return await renew()
+
+        lead.lease.renew = late  # type: ignore[method-assign]
+        await wait_for(lambda: not svc.leader, within=5)
+        await wait_for(lambda: svc.leader, within=10)
+        assert svc._appender is not None and svc._appender.fence == fence
+    leaders = [rec.event async for rec in read_range(nc) if rec.event.type == "controller.leader_changed"]
+    assert [(e.data.leader_id, e.data.term) for e in leaders] == [("c1", 1)]
