@@ -83,6 +83,12 @@ class Leadership:
         """Compete for, hold and renew the lease, for ever."""
         lease, ttl = self.lease, self.ttl
         while True:
+            if not self.nc.is_connected:
+                # NATS away: a request now would only queue in the client and land late.
+                if self.leader and not lease.valid():
+                    self.step_down("NATS is away and the lease may have lapsed")
+                await asyncio.sleep(poll_every(ttl))
+                continue
             if lease.held and lease.valid(margin=0.0):
                 if self.leader or not caught_up.is_set():
                     # Leading, or holding while a lost log is folded again: keep it alive.

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
@@ -107,13 +108,14 @@ class Observer:
             name=f"nodeagent/{node_id} resync",
         )
         self.caught_up = self.log.caught_up
-        self._lost: Loss | None = None  # a lost log not yet answered by a registration
+        self._registered = -1e9  # monotonic time of our last registration
         self._poke = asyncio.Event()
         self._instance_suspect = False
 
     def registered_at(self, seq: int) -> None:
         """Note the stream sequence of the registration just published."""
         self.reg_seq = seq
+        self._registered = time.monotonic()
         self._instance_suspect = False
 
     async def start(self) -> None:
@@ -123,20 +125,26 @@ class Observer:
         self.state = apply(self.state, rec.event, rec.seq)
 
     def _on_lost(self, loss: Loss) -> None:
-        # The fold starts over from what the log holds now; the registration we published
-        # belongs to a log that is gone (its sequence may even be reused), so say it again.
+        # The fold starts over from what the log holds now; check it as soon as it caught up.
+        # After a purge sequences go on, so our registration's still tells whether it survived;
+        # after a delete-and-recreate (or a rewind) it is a number of a log that is gone.
+        log.warning("the log was lost (%s): checking that it still knows this node", loss)
         self.state = ClusterState()
-        self.reg_seq = 0
-        self._lost = loss
+        if loss.kind != "purged":
+            self.reg_seq = 0
         self._poke.set()
 
     async def run(self) -> None:
-        """Check every `interval` seconds (at once after a lost log) until cancelled."""
+        """Check every `interval` seconds (and once the new fold caught up after a lost log)."""
         while True:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.interval):
                     await self._poke.wait()
-            self._poke.clear()
+            if self._poke.is_set():
+                self._poke.clear()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(10 * self.interval):
+                        await self.caught_up.wait()
             try:
                 await self.check()
             except Exception as exc:  # NATS slow or away: the next check tries again
@@ -144,15 +152,6 @@ class Observer:
 
     async def check(self) -> None:
         """One comparison of the log with what runs here."""
-        if self._lost is not None:
-            loss, self._lost = self._lost, None
-            log.warning("re-registering: the log lost this node (%s)", loss)
-            try:
-                await self.reregister(f"the log was lost: {loss}")
-            except BaseException:
-                self._lost = loss  # not said yet: try again on the next check
-                raise
-            return
         if not self.caught_up.is_set():
             return
         info = await js_api(self.nc, f"$JS.API.STREAM.INFO.{MOTOR_STREAM}")
@@ -169,6 +168,8 @@ class Observer:
         if reason is None:
             self._instance_suspect = False
             return
+        if not self.reg_seq and time.monotonic() - self._registered < self.interval:
+            return  # registered a moment ago, sequence unknown here: it is on its way into the fold
         if instance_only and not self._instance_suspect:
             self._instance_suspect = True  # act only if the next check still sees it
             return

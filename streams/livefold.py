@@ -27,7 +27,6 @@ import inspect
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any
 
 from nats.aio.client import Client
@@ -38,6 +37,7 @@ from core.errors import DecodeError
 from streams.consumer import Delivery, PushConsumer, StreamMissing, StreamReplaced, js_api
 from streams.definitions import HB_STREAM, MOTOR_STREAM
 from streams.errors import StreamsError
+from streams.foldparts import FoldHealth, Lane
 from streams.lostlog import Loss, LossDetector, StreamView
 from streams.poison import SkipLog, Skipped
 from streams.reader import Record
@@ -48,46 +48,6 @@ Apply = Callable[[Record], None]
 OnLost = Callable[[Loss], Awaitable[None] | None]
 
 RETRY_MAX = 2.0  # longest pause before a consumer is tried again after an unexpected error
-
-
-@dataclass(frozen=True, slots=True)
-class FoldHealth:
-    """What a LiveFold knows about itself, for probes, metrics and `motor up`'s view."""
-
-    connected: bool  # the NATS client is connected
-    following: bool  # every stream is present and its consumer delivering
-    caught_up: bool
-    position: int  # MOTOR sequence of the last message handled (applied or skipped)
-    stream_last_seq: int  # at the last check
-    lag: int  # messages the stream held beyond `position` at the last check
-    skipped: dict[str, int]
-    resets: int  # consumer recreations (outages, gaps, lost heartbeats)
-    lost: int  # times the log was found lost and the fold started over
-    hearing_since: float  # wall-clock time delivery last (re)started
-
-    def describe(self) -> str:
-        """One line for logs and status displays."""
-        state = "following" if self.following else "waiting for the log"
-        skipped = ", ".join(f"{k} {v}" for k, v in sorted(self.skipped.items())) or "none"
-        return (
-            f"{state}; seq {self.position} (lag {self.lag}); {self.resets} resets, "
-            f"{self.lost} lost-log restarts; skipped: {skipped}"
-        )
-
-
-class _Lane:
-    """One stream's consumer loop inside a LiveFold."""
-
-    def __init__(self, stream: str) -> None:
-        self.stream = stream
-        self.caught_up = False
-        self.away = False  # the stream is missing (or replaced) and the lane waits for the watcher
-        self.missing = False  # the watcher found no stream at its last check
-        self.back = asyncio.Event()
-        self.created: str | None = None
-        self.consumer: PushConsumer | None = None
-        self.task: asyncio.Task[None] | None = None
-        self.resets = 0  # of consumers already closed
 
 
 class LiveFold:
@@ -130,8 +90,8 @@ class LiveFold:
         self.lost = 0
         self.last_view: StreamView | None = None
         self.detector = LossDetector()
-        self._motor = _Lane(stream)
-        self._hb = _Lane(HB_STREAM) if heartbeats is not None else None
+        self._motor = Lane(stream)
+        self._hb = Lane(HB_STREAM) if heartbeats is not None else None
         self._waiters: list[tuple[int, asyncio.Future[None]]] = []
         self._watch_task: asyncio.Task[None] | None = None
         self._closed = False
@@ -192,12 +152,10 @@ class LiveFold:
         for t in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
-        for w in self._waiters:
-            w[1].cancel()
 
     # ------------------------------------------------------------------ lanes
 
-    async def _run(self, lane: _Lane) -> None:
+    async def _run(self, lane: Lane) -> None:
         delay = 0.1
         while not self._closed:
             pc = self._consumer(lane)
@@ -231,7 +189,7 @@ class LiveFold:
             await asyncio.sleep(delay)
             delay = min(delay * 2, RETRY_MAX)
 
-    def _consumer(self, lane: _Lane) -> PushConsumer:
+    def _consumer(self, lane: Lane) -> PushConsumer:
         if lane is self._motor:
             start = self.position + 1 if self.position else self.start_seq
             filt = self.filter_subject
@@ -248,13 +206,13 @@ class LiveFold:
         pc.on_start = lambda pending: self._started(lane, pc)
         return pc
 
-    def _started(self, lane: _Lane, pc: PushConsumer) -> None:
+    def _started(self, lane: Lane, pc: PushConsumer) -> None:
         # `after_reconnect`: delivery works again, so silence is measured from now on.
         lane.away = False
         lane.consumer = pc
         self.hearing_since = self.clock()
 
-    async def _close_consumer(self, lane: _Lane, pc: PushConsumer) -> None:
+    async def _close_consumer(self, lane: Lane, pc: PushConsumer) -> None:
         lane.resets += pc.resets
         pc.resets = 0
         if lane.consumer is pc:
@@ -262,7 +220,7 @@ class LiveFold:
         with contextlib.suppress(Exception):
             await pc.close()
 
-    def _lane_caught_up(self, lane: _Lane) -> None:
+    def _lane_caught_up(self, lane: Lane) -> None:
         if lane.caught_up:
             return
         lane.caught_up = True
@@ -321,6 +279,9 @@ class LiveFold:
     async def _watch(self) -> None:
         tick = 0
         while not self._closed:
+            if not self.nc.is_connected:  # a request now would only queue in the client
+                await asyncio.sleep(self.check_interval)
+                continue
             try:
                 await self._check_motor()
                 if self._hb is not None and (tick % 3 == 0 or self._hb.away):
@@ -360,7 +321,7 @@ class LiveFold:
             log.info("%s: stream %s is back; resuming after seq %d", self.name, lane.stream, self.position)
             lane.back.set()
 
-    async def _check_hb(self, lane: _Lane) -> None:
+    async def _check_hb(self, lane: Lane) -> None:
         info = await self._info(lane.stream)
         if info is None:
             return
@@ -376,14 +337,14 @@ class LiveFold:
         if lane.away:
             lane.back.set()
 
-    async def _stop_lane(self, lane: _Lane) -> None:
+    async def _stop_lane(self, lane: Lane) -> None:
         if lane.task is not None:
             lane.task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await lane.task
             lane.task = None
 
-    async def _restart_lane(self, lane: _Lane) -> None:
+    async def _restart_lane(self, lane: Lane) -> None:
         await self._stop_lane(lane)
         lane.away = False
         lane.back.clear()

@@ -1,0 +1,48 @@
+"""The parts of a LiveFold that hold state: one lane per followed stream, and its health report."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from streams.consumer import PushConsumer
+
+
+@dataclass(frozen=True, slots=True)
+class FoldHealth:
+    """What a LiveFold knows about itself, for probes, metrics and `motor up`'s view."""
+
+    connected: bool  # the NATS client is connected
+    following: bool  # every stream is present and its consumer delivering
+    caught_up: bool
+    position: int  # MOTOR sequence of the last message handled (applied or skipped)
+    stream_last_seq: int  # at the last check
+    lag: int  # messages the stream held beyond `position` at the last check
+    skipped: dict[str, int]
+    resets: int  # consumer recreations (outages, gaps, lost heartbeats)
+    lost: int  # times the log was found lost and the fold started over
+    hearing_since: float  # wall-clock time delivery last (re)started
+
+    def describe(self) -> str:
+        """One line for logs and status displays."""
+        state = "following" if self.following else "waiting for the log"
+        skipped = ", ".join(f"{k} {v}" for k, v in sorted(self.skipped.items())) or "none"
+        return (
+            f"{state}; seq {self.position} (lag {self.lag}); {self.resets} resets, "
+            f"{self.lost} lost-log restarts; skipped: {skipped}"
+        )
+
+
+class Lane:
+    """One stream's consumer loop inside a LiveFold."""
+
+    def __init__(self, stream: str) -> None:
+        self.stream = stream
+        self.caught_up = False
+        self.away = False  # the stream is missing (or replaced) and the lane waits for the watcher
+        self.missing = False  # the watcher found no stream at its last check
+        self.back = asyncio.Event()
+        self.created: str | None = None
+        self.consumer: PushConsumer | None = None
+        self.task: asyncio.Task[None] | None = None
+        self.resets = 0  # of consumers already closed
