@@ -145,9 +145,12 @@ class LossDetector:
         return found
 
     def _learn(self, view: StreamView) -> None:
-        if view.messages and view.first_ts is not None:
+        # Only messages still in the stream: an empty stream's last seq is already gone.
+        if not view.messages:
+            return
+        if view.first_ts is not None:
             self.seen(view.first_seq, view.first_ts)
-        if view.last_ts is not None and view.last_seq:
+        if view.last_ts is not None and view.last_seq >= view.first_seq:
             self.seen(view.last_seq, view.last_ts)
 
 

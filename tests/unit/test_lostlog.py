@@ -67,6 +67,16 @@ def test_full_purge_of_young_messages_is_detected() -> None:
     assert reason is not None and reason.kind == "purged" and "seq 100" in str(reason)
 
 
+def test_a_purge_is_reported_once_after_the_fold_started_over() -> None:
+    d = LossDetector()
+    assert d.observe(view(1, 100, first_ts=NOW - 50, last_ts=NOW - 1), 100) is None
+    purged = view(101, 100, last_ts=NOW - 1, now=NOW + 2)
+    assert d.observe(purged, 100) is not None
+    d.reset(purged)
+    assert d.observe(purged, 0) is None
+    assert d.observe(view(101, 103, first_ts=NOW + 3, last_ts=NOW + 4, now=NOW + 5), 103) is None
+
+
 def test_age_out_of_old_messages_is_not_a_loss() -> None:
     d = LossDetector()
     old = NOW - 30 * DAY - 100
