@@ -134,6 +134,7 @@ class Leadership:
             assert fold.state.leader is not None
             lease.term = fold.state.leader.term
             self.leader = True
+            self.took_over_at = self.clock()  # the heartbeat grace starts over too
             self.metrics.is_leader.set(1)
             log.info("leading again (term %d, still fenced by seq %s)", lease.term, self.appender.fence)
             fold.changed.set()

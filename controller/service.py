@@ -106,10 +106,15 @@ class ControllerService:
         )
 
     def hearing_since(self) -> float:
-        """Since when this controller could hear heartbeats (reconnect, catch-up, takeover)."""
-        heard = self.log.hearing_since if self.log is not None else 0.0
+        """Since when this controller could hear heartbeats (reconnect, catch-up, takeover).
+
+        Now, while it cannot hear at all (NATS away, a consumer being recreated): a deaf
+        controller judges nobody silent.
+        """
+        if self.log is None or not self.log.hearing:
+            return self.clock()
         took = self.leadership.took_over_at if self.leadership is not None else 0.0
-        return max(heard, took)
+        return max(self.log.hearing_since, took)
 
     # ------------------------------------------------------------------ run
 

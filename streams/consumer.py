@@ -227,6 +227,7 @@ class PushConsumer:
         self.on_start: Callable[[int], None] | None = None
         self.last_seq = 0  # stream sequence of the last message handed out
         self.resets = 0
+        self.delivering = False  # a consumer exists and delivers (False while recreating it)
         self.transport = ""  # "raw" | "nats-py", for logs and tests
         self._cseq = 0
         self._name: str | None = None
@@ -298,6 +299,7 @@ class PushConsumer:
         self._name = resp["name"]
         self._cseq = 0
         pending = int(resp.get("num_pending", 0))
+        self.delivering = True
         if self.on_start is not None:
             self.on_start(pending)
         return pending
@@ -333,6 +335,7 @@ class PushConsumer:
                 delay = min(delay * 2, MAX_RETRY_DELAY)
 
     async def _drop(self) -> None:
+        self.delivering = False
         sink, self._sink = self._sink, None
         name, self._name = self._name, None
         if sink is not None:

@@ -46,3 +46,8 @@ class Lane:
         self.consumer: PushConsumer | None = None
         self.task: asyncio.Task[None] | None = None
         self.resets = 0  # of consumers already closed
+
+    @property
+    def delivering(self) -> bool:
+        """The stream is there and its consumer delivers (not being recreated)."""
+        return not self.away and self.consumer is not None and self.consumer.delivering

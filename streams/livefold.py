@@ -125,6 +125,13 @@ class LiveFold:
         """Events skipped so far, by reason."""
         return dict(self.skips.by_reason)
 
+    @property
+    def hearing(self) -> bool:
+        """Connected and every consumer delivering: silence now is the producers', not ours."""
+        return bool(self.nc.is_connected) and all(
+            x.delivering for x in (self._motor, self._hb) if x is not None
+        )
+
     def health(self) -> FoldHealth:
         """A snapshot of connection, position, lag, skips, resets and lost-log restarts."""
         lanes = [x for x in (self._motor, self._hb) if x is not None]
@@ -132,7 +139,7 @@ class LiveFold:
         last = view.last_seq if view is not None else 0
         return FoldHealth(
             connected=bool(self.nc.is_connected),
-            following=all(x.consumer is not None and not x.away for x in lanes),
+            following=self.hearing,
             caught_up=self.caught_up.is_set(),
             position=self.position,
             stream_last_seq=last,

@@ -180,10 +180,12 @@ async def test_nats_killed_and_restarted_later_the_fold_resumes_without_gap(
         await asyncio.wait_for(fold.caught_up.wait(), DEADLINE)
         assert len(sink.beats) == 1
         heard = fold.hearing_since
+        assert fold.hearing
         await private_nats.kill()
         down = time.time()
+        await until(lambda: not fold.hearing, within=5.0)  # deaf at once: a caller judges nobody now
         await asyncio.sleep(8.0)  # longer than every consumer's heartbeat check: all of them give up once
-        assert not fold.health().connected
+        assert not fold.health().connected and not fold.hearing
         await private_nats.start()
         await until(lambda: nc.is_connected)  # nats-py reconnects on its own timer
         for ev in events[20:]:
@@ -192,7 +194,7 @@ async def test_nats_killed_and_restarted_later_the_fold_resumes_without_gap(
         await sink.until(lambda: len(sink.records) == 40 and len(sink.beats) >= 2, what="resumed")
         assert sink.seqs() == list(range(1, 41)), "gap or duplicate"
         assert [r.event for r in sink.records] == events and sink.lost == []
-        assert fold.hearing_since > down > heard
+        assert fold.hearing_since > down > heard and fold.hearing
         health = fold.health()
         assert health.following and health.resets >= 1 and health.position == 40
     finally:
