@@ -33,17 +33,7 @@ def summary(state: ClusterState) -> dict[int, tuple[str, tuple[str, ...]]]:
     }
 
 
-RECREATED_NEEDS_AGENT_FIX = pytest.mark.xfail(
-    strict=True,
-    reason="the node agent's durable command consumer dies with the deleted stream and is never "
-    "created again (nodeagent/commands.py, issue 11's node agent part): the re-adopted instances' "
-    "start commands are never delivered. Remove this mark once that lands.",
-)
-
-
-@pytest.mark.parametrize(
-    "how", ["purge", pytest.param("delete-and-recreate", marks=RECREATED_NEEDS_AGENT_FIX)]
-)
+@pytest.mark.parametrize("how", ["purge", "delete-and-recreate"])
 async def test_lost_log_under_a_running_cluster_holds_the_truth_again_within_60s(
     cluster: Cluster, nc: Client, js: JetStreamContext, how: str
 ) -> None:
