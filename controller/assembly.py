@@ -5,11 +5,11 @@ nodes of that role are taken in registration order (rank 0 registered first, and
 master DP IP). Roles go union, decode, prefill, so a decode short of nodes sees freed prefill
 nodes before the prefill rule re-assembles them.
 
-After a lost log tail, nodes re-register with the instance they still run. An instance the
-log never heard of (its id at or above `next_instance_id`) is assembled again under its own
-id once all its nodes are back, so its engines keep serving: the start that follows finds
-them running. Until then, for a grace of `heartbeat_timeout` after their registration, its
-nodes are held out of new instances.
+After a lost log, nodes re-register with the instance they still run. An instance the log
+does not hold (not live, and not one it saw terminated: they come back in any order) is
+assembled again under its own id once all its nodes are back, so its engines keep serving:
+the start that follows finds them running. Until then, for a grace of `heartbeat_timeout`
+after their registration, its nodes are held out of new instances.
 """
 
 from __future__ import annotations
@@ -103,7 +103,8 @@ class _Plan:
             iid = n.reg.instance_id
             if (
                 iid is not None
-                and iid >= state.next_instance_id  # the log never heard of it (not a terminated one)
+                and iid not in state.instances
+                and iid not in state.retired  # not one the log terminated: one it lost
                 and n.reg.running_endpoints
                 and n.reg.role == role
                 and n.node_id not in self.taken

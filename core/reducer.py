@@ -245,7 +245,12 @@ def _state_changed(s: ClusterState, ev: InstanceStateChanged, seq: int) -> Chang
         alarms = s.alarms
         if d.instance_id in alarms:
             alarms = alarms.delete(d.instance_id)
-        return dict(instances=s.instances.delete(d.instance_id), nodes=nodes, alarms=alarms)
+        return dict(
+            instances=s.instances.delete(d.instance_id),
+            nodes=nodes,
+            alarms=alarms,
+            retired=s.retired | {d.instance_id},
+        )
     active = d.state == InstanceState.ACTIVE
     rec = replace(
         inst,

@@ -134,6 +134,10 @@ class ClusterState:
     leader: LeaderChangedData | None = None
     leader_ts: float | None = None
     next_instance_id: int = 1
+    # Instance ids this fold saw terminated. After a lost log the fold starts from a partial
+    # history where ids come back out of order: "below next_instance_id" no longer means
+    # "terminated", this does (controller.assembly re-adopts the rest).
+    retired: frozenset[int] = frozenset()
     next_order: int = 0
     last_seq: int = 0
     last_ts: float = 0.0
@@ -252,6 +256,7 @@ def state_to_dict(state: ClusterState) -> dict[str, Any]:
         "leader": _dump(state.leader),
         "leader_ts": state.leader_ts,
         "next_instance_id": state.next_instance_id,
+        "retired": sorted(state.retired),
         "next_order": state.next_order,
         "last_seq": state.last_seq,
         "last_ts": state.last_ts,
@@ -327,8 +332,17 @@ def state_from_dict(raw: dict[str, Any]) -> ClusterState:
         leader=LeaderChangedData.model_validate(leader) if leader else None,
         leader_ts=raw["leader_ts"],
         next_instance_id=raw["next_instance_id"],
+        retired=_retired(raw, instances),
         next_order=raw["next_order"],
         last_seq=raw["last_seq"],
         last_ts=raw["last_ts"],
         events_applied=raw["events_applied"],
     )
+
+
+def _retired(raw: dict[str, Any], instances: dict[int, InstanceRecord]) -> frozenset[int]:
+    if "retired" in raw:
+        return frozenset(int(i) for i in raw["retired"])
+    # A checkpoint from before the field: folded from a whole log, every id below the next
+    # one that is not live was terminated.
+    return frozenset(range(1, int(raw["next_instance_id"]))) - frozenset(instances)

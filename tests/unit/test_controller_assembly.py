@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from core.events import EndpointStatus, FaultLevel, InstanceState, Role
+from core.state import state_from_dict, state_to_dict
 from tests.unit.controller_log import Log, config
 
 
@@ -244,6 +245,34 @@ def test_a_terminated_instance_is_never_revived() -> None:
     log.register("n2", instance_id=1, running_endpoints=(0,))
     ds = log.step()
     assert [(d.event.data.instance_id, d.event.data.members[0].node_id) for d in ds] == [(2, "n2")]  # type: ignore[attr-defined]
+
+
+def test_lost_instances_coming_back_out_of_order_are_all_readopted() -> None:
+    """After a lost log, n1 (running instance 2) is back before n2 (running instance 1): once 2
+    is assembled again, 1 is below next_instance_id, yet the log never saw it end."""
+    log = Log(config(union=2))
+    log.register("n1", instance_id=2, running_endpoints=(0,))
+    (asm2,) = log.step()
+    assert asm2.event.data.instance_id == 2 and log.state.next_instance_id == 3  # type: ignore[attr-defined]
+    log.register("n2", instance_id=1, running_endpoints=(0,))
+    ds = [d for d in log.step() if d.event.type == "instance.assembled"]
+    assert [(d.event.data.instance_id, d.event.data.members[0].node_id) for d in ds] == [(1, "n2")]  # type: ignore[attr-defined]
+    log.bring_up()
+    assert (log.inst(1), log.inst(2)) == (InstanceState.ACTIVE, InstanceState.ACTIVE)
+    assert 3 not in log.state.instances
+
+
+def test_retired_ids_survive_a_checkpoint_and_are_derived_for_an_old_one() -> None:
+    log = Log(config(union=1))
+    log.register("n1")
+    log.bring_up()
+    log.fault("n1", FaultLevel.L5)
+    log.settle()
+    assert log.state.retired == frozenset({1})
+    raw = state_to_dict(log.state)
+    assert state_from_dict(raw).retired == frozenset({1})
+    del raw["retired"]  # written before the field: every id below next that is not live ended
+    assert state_from_dict(raw).retired == frozenset({1})
 
 
 def test_multinode_instance_waits_for_all_its_nodes_then_a_grace() -> None:
