@@ -99,6 +99,13 @@ class Ctx:
     ) -> Ctx:
         return cls(state, cfg, now, build_index(state), source, hearing_since)
 
+    @property
+    def term(self) -> int:
+        """The lease term of the leader deciding: its `controller.leader_changed` is folded
+        before it decides (the appender waits for its own appends), so commands carry it."""
+        leader = self.state.leader
+        return leader.term if leader is not None else 0
+
     # ------------------------------------------------------------------ event builders
 
     def state_change(self, inst: InstanceRecord, to: InstanceState, cause: Cause) -> Decision:
@@ -123,7 +130,9 @@ class Ctx:
         last_start = node.start_cmd.data.command_id if node.start_cmd is not None else ""
         last_stop = node.stop_cmd.data.command_id if node.stop_cmd is not None else ""
         cid = derive_id(tag, node_id, instance_id, last_start, last_stop)
-        data = StopCommandData(command_id=cid, node_id=node_id, instance_id=instance_id, reason=cause.reason)
+        data = StopCommandData(
+            command_id=cid, node_id=node_id, instance_id=instance_id, reason=cause.reason, term=self.term
+        )
         return Decision(
             StopCommand(id=cid, ts=self.now, source=self.source, caused_by=cause.caused_by(), data=data)
         )
@@ -150,6 +159,7 @@ class Ctx:
             d2d_peer_ips=member_peer_ips(spec, rank),
             attempt=attempt,
             restarts=restarts,
+            term=self.term,
         )
         return Decision(
             StartCommand(id=cid, ts=self.now, source=self.source, caused_by=cause.caused_by(), data=data)

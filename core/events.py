@@ -304,6 +304,9 @@ class StartCommandData(_Frozen):
     # Crashes after READY in a row this start answers (0: not a restart after a crash); the
     # controller's restart backoff and failover count from it.
     restarts: int = 0
+    # The lease term of the leader that sent it (0: sent before commands carried one). A node
+    # agent refuses a command older than the newest term it has seen (`stale_term`).
+    term: int = 0
 
 
 class StopCommandData(_Frozen):
@@ -312,6 +315,7 @@ class StopCommandData(_Frozen):
     instance_id: int | None = None
     endpoint_ids: tuple[int, ...] = ()  # empty: every endpoint of the node
     reason: str = ""
+    term: int = 0  # the sending leader's lease term, as on StartCommandData
 
 
 # --------------------------------------------------------------------------- envelopes

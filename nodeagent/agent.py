@@ -40,7 +40,7 @@ from core.events import (
 )
 from core.ids import derive_id, new_id
 from nodeagent import runstate
-from nodeagent.commands import Command, CommandConsumer, check_start, result_data
+from nodeagent.commands import Command, CommandConsumer, check_start, check_term, result_data
 from nodeagent.engines import Engines, StatusChange
 from nodeagent.errors import CommandRefusal
 from nodeagent.faults import FaultReporter
@@ -109,7 +109,9 @@ class NodeAgent:
             self._nc = nc
             stack.push_async_callback(self._close_nats, nc)
             js = nc.jetstream()
-            await ensure_streams(js, s.config.nats, lease_ttl=s.config.controller.lease_ttl)
+            # Create what is missing, change nothing: stream settings are the controller's and
+            # motor up's (a node agent's NATS user may not change them).
+            await ensure_streams(js, s.config.nats, lease_ttl=s.config.controller.lease_ttl, update=False)
             publisher = Publisher(js)
             self._outbox = Outbox(publisher, self.metrics)
             self._outbox.start()
@@ -257,17 +259,28 @@ class NodeAgent:
             await self.outbox.send(self._result(verb, d.command_id, d.instance_id, prior))
             return
         try:
+            self._newer_term(d.term)
             if isinstance(ev, StartCommand):
                 await self._start(ev, seq)
             else:
                 await self._stop(ev)
             outcome = "applied"
         except CommandRefusal as r:
-            log.warning("command %s (%s) refused: %s", d.command_id, verb, r)
+            log.warning("command %s (%s) at seq %d refused: %s", d.command_id, verb, seq, r)
             outcome = f"refused:{r.code}:{r.reason}"
         await self.outbox.send(self._result(verb, d.command_id, d.instance_id, outcome))
         self.engines.remember(d.command_id, outcome)
         self.metrics.commands.labels(self.settings.node_id, verb, outcome.split(":")[0]).inc()
+
+    def _newer_term(self, term: int) -> None:
+        """Refuse a command of an older leader term; remember a newer one (saved with the outcome)."""
+        newest = self.engines.term
+        if term < newest:
+            self.metrics.commands_rejected.labels(self.settings.node_id, "stale_term").inc()
+        check_term(term, newest)
+        if term > newest:
+            log.info("leader term %d (was %d)", term, newest)
+            self.engines.term = term
 
     def _result(self, verb: Any, command_id: str, instance_id: int | None, outcome: str) -> EventBase:
         data = result_data(self.settings.node_id, verb, command_id, instance_id, outcome)

@@ -79,6 +79,18 @@ def result_data(
     )
 
 
+def check_term(term: int, newest: int) -> None:
+    """Raise CommandRefusal for a command of an older leader term than one already seen.
+
+    A deposed leader's command that lands after its successor's must not undo what the
+    successor ordered. Term 0 is a command from before terms were stamped: older than any.
+    """
+    if term < newest:
+        raise CommandRefusal(
+            "stale_term", f"command of leader term {term}, this node has seen term {newest} already"
+        )
+
+
 def check_start(
     cmd: StartCommandData,
     *,

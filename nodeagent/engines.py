@@ -78,6 +78,7 @@ class Engines:
         self.start_cmd: StartCommandData | None = None
         self.start_seq = 0  # stream sequence of the start command the engines answer
         self.done: tuple[tuple[str, str], ...] = ()
+        self.term = 0  # newest leader term seen on a command (nodeagent.commands.check_term)
         self._lock = asyncio.Lock()  # one start/stop at a time
 
     # ------------------------------------------------------------------ queries
@@ -110,6 +111,7 @@ class Engines:
                 if ep.live
             ),
             done=self.done,
+            term=self.term,
         )
 
     def save(self) -> None:
@@ -314,7 +316,7 @@ class Engines:
 
     def adopt(self, state: RunState) -> list[int]:
         """Take over the engines an earlier agent left running; return their endpoint ids."""
-        self.done = state.done
+        self.done, self.term = state.done, state.term
         adopted: list[int] = []
         for run in state.endpoints:
             proc = EngineProcess.adopt(run.pid, run.start_time)

@@ -67,7 +67,7 @@ class AgentMetrics:
         self.commands_rejected = Counter(
             "motor_nodeagent_commands_rejected",
             "Command messages terminated without taking effect, by reason "
-            "(undecodable, not_a_command, handler_failed).",
+            "(undecodable, not_a_command, handler_failed, stale_term).",
             [*labels, "reason"],
             registry=self.registry,
         )

@@ -2,7 +2,8 @@
 
 Written atomically (temp file + rename) whenever engines start or stop. After a restart the
 agent re-adopts the engines whose pid still names the same process and re-registers with
-them (`instance_id`, `running_endpoints`); everything else in the file is discarded.
+them (`instance_id`, `running_endpoints`); the answered commands and the newest leader term
+seen are kept too; everything else in the file is discarded.
 """
 
 from __future__ import annotations
@@ -44,6 +45,9 @@ class RunState(BaseModel):
     # Command ids already carried out, newest last, with their outcome: a redelivered command
     # is answered the same way and never runs twice.
     done: tuple[tuple[str, str], ...] = ()
+    # The newest leader term seen on a command: an older one is refused (`stale_term`), also
+    # after a restart of the agent.
+    term: int = 0
 
 
 MAX_DONE = 512

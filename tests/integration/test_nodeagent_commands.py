@@ -18,7 +18,15 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 
 from core import subjects
-from core.events import CommandApplied, CommandRefused, EndpointStatus, EndpointStatusChanged, NodeRegistered
+from core.events import (
+    CommandApplied,
+    CommandRefused,
+    EndpointStatus,
+    EndpointStatusChanged,
+    NodeRegistered,
+    StartCommand,
+    StopCommand,
+)
 from core.ids import new_id
 from nodeagent.commands import durable_name
 from streams.definitions import MOTOR_STREAM, ensure_streams
@@ -157,3 +165,59 @@ async def test_command_consumer_is_made_again_after_motor_is_deleted_and_recreat
     await acked_through(js, node, seq)
     _, text = await agent.get("/metrics")
     assert metric(text, "motor_nodeagent_command_consumer_remade_total") == 1
+
+
+def termed(cmd: StartCommand | StopCommand, term: int) -> StartCommand | StopCommand:
+    """The command as a leader of `term` sends it."""
+    return cmd.model_copy(update={"data": cmd.data.model_copy(update={"term": term})})
+
+
+async def test_a_command_of_an_older_leader_term_is_refused_and_later_commands_run(
+    tmp_path: Path, nats_server: object, js: JetStreamContext, tail: EventTail, agents: list[Agent]
+) -> None:
+    """A deposed leader's late command never undoes its successor's, also after a restart."""
+    agent, reg = await up(tmp_path, nats_server.url, tail, agents)  # type: ignore[attr-defined]
+    node, eps = agent.node_id, reg.data.endpoints
+    pub = Publisher(js)
+    t2 = termed(start_command(node, eps, instance_id=2), 2)
+    await pub.publish(t2)
+    await tail.wait(is_(CommandApplied, node, command_id=t2.data.command_id), within=30)
+    await tail.wait(is_(EndpointStatusChanged, node, status=EndpointStatus.READY), within=60)
+
+    # Term 1 (the old leader) after term 2: refused, before any other check (not `busy`).
+    t1 = termed(start_command(node, eps, instance_id=1), 1)
+    await pub.publish(t1)
+    refused = await tail.wait(is_(CommandRefused, node, command_id=t1.data.command_id), within=30)
+    assert refused.data.code == "stale_term" and "term 1" in refused.data.reason, refused.data
+    assert (await agent.status())["instance_id"] == 2
+
+    # Term 3 goes through: stop instance 2, start instance 3.
+    mark = tail.index()
+    stop3 = termed(stop_command(node, instance_id=2), 3)
+    start3 = termed(start_command(node, eps, instance_id=3), 3)
+    await pub.publish(stop3)
+    await pub.publish(start3)
+    await tail.wait(is_(CommandApplied, node, command_id=stop3.data.command_id), within=30, after=mark)
+    await tail.wait(is_(CommandApplied, node, command_id=start3.data.command_id), within=30, after=mark)
+    await tail.wait(
+        is_(EndpointStatusChanged, node, status=EndpointStatus.READY), within=60, after=tail.last_index
+    )
+    assert (await agent.status())["instance_id"] == 3
+    _, text = await agent.get("/metrics")
+    assert metric(text, "motor_nodeagent_commands_rejected_total", reason="stale_term") == 1
+    assert "at seq" in agent.output() and "stale_term" in agent.output()
+
+    # The newest term is kept with the run state: a restarted agent still refuses term 2.
+    agent.kill9()
+    mark = tail.index()
+    again = Agent(
+        tmp_path, agent.config, node, nats_server.url,  # type: ignore[attr-defined]
+        port=agent.port, engine_port=agent.engine_port, marker=agent.marker,
+    ).start()  # fmt: skip
+    agents.append(again)
+    await tail.wait(is_(NodeRegistered, node), after=mark, within=60)
+    late = termed(stop_command(node, instance_id=3), 2)
+    await pub.publish(late)
+    refused = await tail.wait(is_(CommandRefused, node, command_id=late.data.command_id), within=30)
+    assert refused.data.code == "stale_term"
+    assert (await again.status())["instance_id"] == 3
