@@ -8,7 +8,8 @@ from typing import Any
 import orjson
 from pydantic import TypeAdapter, ValidationError
 
-from core.errors import DecodeError, NewerSchema, UnknownEventType
+from core import subjects
+from core.errors import DecodeError, NewerSchema, SubjectError, UnknownEventType, WrongSubject
 from core.events import EVENT_CLASSES, AnyEvent, EventBase
 
 ADAPTER: TypeAdapter[AnyEvent] = TypeAdapter(AnyEvent)
@@ -65,8 +66,23 @@ def to_dict(event: EventBase) -> dict[str, Any]:
     return event.model_dump(mode="json")
 
 
-def decode(data: bytes | str) -> AnyEvent:
-    """Parse and validate one event; upcast old versions; raise a DecodeError subclass."""
+def decode(data: bytes | str, subject: str | None = None) -> AnyEvent:
+    """Parse and validate one event; upcast old versions; raise a DecodeError subclass.
+
+    With `subject` (where the event was read), an event whose data names another entity than
+    its subject raises `WrongSubject`: permissions guard subjects, the data must agree.
+    """
+    ev = _decode(data)
+    if subject is not None and not subjects.matches(subject, ev):
+        try:
+            expected = subjects.for_event(ev)
+        except SubjectError as exc:
+            expected = str(exc)
+        raise WrongSubject(ev.type, subject, expected)
+    return ev
+
+
+def _decode(data: bytes | str) -> AnyEvent:
     try:
         # Strict first: what our publishers wrote validates ~1.5x faster without coercion;
         # anything only lax validation accepts (a hand-written "1" for an int) still decodes.

@@ -23,9 +23,21 @@ class _Strict(BaseModel):
 
 
 class TLSConfig(_Strict):
+    """TLS files: `ca_file` verifies the server, `cert_file`/`key_file` are a client certificate;
+    `server_cert_file`/`server_key_file` are the embedded server's (`motor up` makes a
+    throwaway CA and certificate under `.motor/tls/` when TLS is required and these are unset)."""
+
     ca_file: str | None = None
     cert_file: str | None = None
     key_file: str | None = None
+    server_cert_file: str | None = None
+    server_key_file: str | None = None
+
+    @model_validator(mode="after")
+    def _pairs(self) -> TLSConfig:
+        if (self.server_cert_file is None) != (self.server_key_file is None):
+            raise ValueError("server_cert_file and server_key_file go together")
+        return self
 
 
 def _check_keys(keys: list[str]) -> list[str]:
@@ -43,6 +55,10 @@ def _one_of(model: BaseModel, field: str) -> None:
 
 
 class NatsConfig(_Strict):
+    """Where NATS is and how to log in. Secrets belong in the environment or a context file
+    (`MOTOR_NATS_CONTEXT`, `MOTOR_NATS_USER`/`MOTOR_NATS_PASSWORD` …, see streams/credentials.py)
+    rather than in this file; `motor up` generates per-role credentials for its own server."""
+
     urls: list[str] = Field(default_factory=lambda: ["nats://127.0.0.1:4222"])
     user: str | None = None
     password: str | None = None
@@ -50,7 +66,11 @@ class NatsConfig(_Strict):
     token: str | None = None
     token_file: str | None = None  # first line of the file; env MOTOR_NATS_TOKEN wins
     creds_file: str | None = None
+    context_file: str | None = None  # a `nats` CLI context JSON: url, user, password, token, creds, ca …
     tls: TLSConfig | None = None
+    # TLS before anything else on every connection (the server's `tls { handshake_first: true }`);
+    # `motor up` then runs its server with TLS only, so plaintext clients are refused.
+    require_tls: bool = False
     replicas: int = Field(1, ge=1, le=5)
     max_age_days: float = Field(30, gt=0)
     embedded: bool = True  # `motor up` starts its own nats-server unless --nats-url is given

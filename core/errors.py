@@ -34,5 +34,16 @@ class NewerSchema(DecodeError):
         self.version = version
 
 
+class WrongSubject(DecodeError):
+    """An event on a subject other than the one its data names (e.g. node a's registration on
+    node b's subject): NATS permissions are per subject, so such an event is not believed."""
+
+    def __init__(self, event_type: str, subject: str, expected: str) -> None:
+        super().__init__(f"{event_type!r} on {subject!r}, but its data says {expected!r}")
+        self.event_type = event_type
+        self.subject = subject
+        self.expected = expected
+
+
 class ConfigError(CoreError, ValueError):
     """A cluster config that does not validate; the message names file and field."""

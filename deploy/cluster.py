@@ -19,12 +19,17 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import orjson
 
 from core.config import ClusterConfig
 from core.events import Role
 from core.ids import new_id
+from streams.connection import NatsOptions
+
+if TYPE_CHECKING:
+    from deploy.natsauth import ClusterAuth
 
 
 @dataclass(frozen=True)
@@ -69,6 +74,7 @@ class LocalCluster:
     def __post_init__(self) -> None:
         self.root = self.root.resolve()
         self._nats: object | None = None
+        self.auth: ClusterAuth | None = None  # the embedded server's users (deploy.natsauth)
 
     # ------------------------------------------------------------------ plan
 
@@ -122,16 +128,21 @@ class LocalCluster:
         cfg_path = self.root / "cluster.json"
         cfg_path.write_bytes(orjson.dumps(self.cfg.model_dump(mode="json"), option=orjson.OPT_INDENT_2))
         if self.nats_url is None:
+            from deploy.natsauth import prepare
             from streams.server import EmbeddedNats
 
+            nodes = [p.node_id for p in self.node_plan()]
+            self.auth = await asyncio.to_thread(prepare, self.root, nodes, self.cfg.nats)  # may run openssl
             nats = EmbeddedNats(
                 self.root / "nats",
                 port=self.ports.nats,
                 monitor_port=self.ports.nats_monitor,
                 log_file=self.logs / "nats-server.log",
+                extra_conf=self.auth.server_conf(),
             )
             await nats.start()
             self._nats = nats
+            self.auth.write_contexts(self.url)
         await self._ensure_streams()
         py = [sys.executable, "-m", "deploy.cli"]
         common = ["--config", str(cfg_path), "--nats-url", self.url]
@@ -189,11 +200,18 @@ class LocalCluster:
         from streams.connection import connect
         from streams.definitions import ensure_streams
 
-        nc = await connect(self.url, name="motor-up")
+        nc = await connect(self.client_options("admin"), name="motor-up")
         try:
             await ensure_streams(nc.jetstream(), self.cfg.nats, lease_ttl=self.cfg.controller.lease_ttl)
         finally:
             await nc.close()
+
+    def client_options(self, user: str = "inspect") -> NatsOptions:
+        """How a client in this process logs in: as `user` on the embedded server, else as the
+        environment says (an external NATS: the operator supplies credentials)."""
+        if self.auth is not None:
+            return self.auth.options(user, self.url)
+        return NatsOptions.from_config(self.cfg.nats, [self.url])
 
     def _spawn(self, name: str, argv: list[str], extra: dict[str, str] | None = None) -> Child:
         log = self.logs / f"{name}.log"
@@ -204,6 +222,8 @@ class LocalCluster:
             "MOTOR_UP_SESSION": self.session,
             "PYTHONUNBUFFERED": "1",
         }
+        if self.auth is not None:
+            env = self.auth.child_env(env, name)  # its role's credentials, nobody else's
         with log.open("ab") as fh:
             proc = subprocess.Popen(
                 argv,

@@ -64,6 +64,7 @@ def register(sub: Any) -> None:
     im = esub.add_parser("import", help="republish a JSONL export (duplicates within 2 minutes are dropped)")
     im.add_argument("file", metavar="FILE.jsonl")
     _common(im, _import)
+    im.set_defaults(nats_login="admin")  # it writes any subject: motor up's `admin` user
 
 
 def _common(parser: argparse.ArgumentParser, func: Any) -> None:
@@ -79,7 +80,7 @@ def _run(args: argparse.Namespace, func: Any) -> int:
     try:
         return int(asyncio.run(func(args)) or 0)
     except NatsUnavailable as exc:
-        print(f"{PROG}: {unreachable_hint(args.nats_url)} ({_cause(exc)})", file=sys.stderr)
+        print(f"{PROG}: {unreachable_hint(args.nats_url, exc)} ({_cause(exc)})", file=sys.stderr)
         return 1
     except BadArgument as exc:
         print(f"{PROG} {args.events_cmd}: {exc}", file=sys.stderr)

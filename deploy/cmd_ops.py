@@ -38,14 +38,14 @@ def register(sub: Any) -> None:
     rep.add_argument(
         "--kind", choices=["hardware", "software", "operator"], help="default: the table's, else hardware"
     )
-    add_nats_args(rep)
+    add_nats_args(rep, login="operator")
     rep.set_defaults(func=_fault_report)
     clr = fsub.add_parser("clear", help="append fault.cleared (one fault, or every open fault of a node)")
     which = clr.add_mutually_exclusive_group(required=True)
     which.add_argument("--fault-id")
     which.add_argument("--node", help="clear every open fault of this node")
     clr.add_argument("--reason", default="cleared by operator")
-    add_nats_args(clr)
+    add_nats_args(clr, login="operator")
     clr.set_defaults(func=_fault_clear)
 
     prec = sub.add_parser("precision", help="raise or clear a precision alarm on a P/D group")
@@ -55,7 +55,7 @@ def register(sub: Any) -> None:
         p.add_argument("--d-instance", type=int, required=True, help="decode (or union) instance id")
         p.add_argument("--p-instance", type=int, default=None, help="its prefill instance id")
         p.add_argument("--reason", default=f"{name}d by operator")
-        add_nats_args(p)
+        add_nats_args(p, login="operator")
         p.set_defaults(func=func)
 
 
@@ -68,7 +68,7 @@ def _run(args: argparse.Namespace, coro_fn: Any) -> int:
         if isinstance(exc, StreamsError) and not isinstance(exc, NatsUnavailable):
             print(f"motor: {exc}", file=sys.stderr)
         else:
-            print(f"motor: {unreachable_hint(args.nats_url)} ({exc})", file=sys.stderr)
+            print(f"motor: {unreachable_hint(args.nats_url, exc)} ({exc})", file=sys.stderr)
         return 1
 
 

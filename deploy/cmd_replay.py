@@ -146,7 +146,7 @@ def _replay(args: argparse.Namespace) -> int:
     try:
         records, skipped = asyncio.run(load_records(args))
     except NatsUnavailable as exc:
-        print(f"motor replay: {unreachable_hint(args.nats_url)} ({exc})", file=sys.stderr)
+        print(f"motor replay: {unreachable_hint(args.nats_url, exc)} ({exc})", file=sys.stderr)
         return 1
     except StreamsError as exc:
         print(f"motor replay: {exc}", file=sys.stderr)
@@ -155,7 +155,7 @@ def _replay(args: argparse.Namespace) -> int:
         print(f"motor replay: {exc}", file=sys.stderr)
         return 1
     except (OSError, TimeoutError) as exc:
-        print(f"motor replay: {unreachable_hint(args.nats_url)} ({exc})", file=sys.stderr)
+        print(f"motor replay: {unreachable_hint(args.nats_url, exc)} ({exc})", file=sys.stderr)
         return 1
     return run_replay(args, records, skipped)
 

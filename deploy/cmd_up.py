@@ -26,7 +26,12 @@ def register(sub: Any) -> None:
     up.add_argument(
         "--nodes", type=int, default=None, help="node agents to run (default: what the config needs)"
     )
-    up.add_argument("--nats-url", default=None, help="use this external NATS instead of starting one")
+    up.add_argument(
+        "--nats-url",
+        default=None,
+        help="use this external NATS instead of starting one; every process logs in with the "
+        "credentials of the environment (MOTOR_NATS_CONTEXT, MOTOR_NATS_USER/PASSWORD, MOTOR_NATS_CREDS)",
+    )
     up.add_argument("--root", default=".motor", help="state dir: NATS data, logs (default %(default)s)")
     up.add_argument("--no-live", action="store_true", help="print status lines instead of a live table")
     up.add_argument("--no-standby", action="store_true", help="run one controller only")
@@ -131,7 +136,7 @@ async def _run_up(cluster: Any, *, live: bool) -> int:
         f"[green]started[/] nats ({cluster.url}), controller{'s c1+c2' if cluster.standby else ' c1'}, "
         f"coordinator, {len(plan)} node agents ({', '.join(p.node_id for p in plan)}) — logs in {cluster.logs}"
     )
-    nc = await connect(cluster.url, name="motor-up")
+    nc = await connect(cluster.client_options("inspect"), name="motor-up")
     watcher = StateWatcher(nc)
     await watcher.start()
     announced = False
@@ -197,9 +202,17 @@ def _urls(cluster: Any, state: Any, took: float) -> str:
         f'-d \'{{"model": "{model}", "messages": [{{"role": "user", "content": "hello"}}]}}\'\n'
         f"  python -c \"from openai import OpenAI; c = OpenAI(base_url='{base}/v1', api_key='none'); "
         f"print(c.chat.completions.create(model='{model}', messages=[{{'role': 'user', 'content': 'hello'}}]).choices[0].message.content)\"\n"
-        f"  controller {cluster.controller_url}/v1/instances · log: motor events ls --nats-url {cluster.url}\n"
+        f"  controller {cluster.controller_url}/v1/instances · log: motor events ls --nats-url {cluster.url}"
+        f"{_root_flag(cluster)}\n"
         "  Ctrl-C stops everything.\n"
     )
+
+
+def _root_flag(cluster: Any) -> str:
+    """` --root DIR` when the CLI would not find this cluster's NATS credentials by default."""
+    if cluster.auth is None or cluster.root == Path(".motor").resolve():
+        return ""
+    return f" --root {cluster.root}"
 
 
 def _status(args: argparse.Namespace) -> int:
@@ -223,5 +236,5 @@ def _status(args: argparse.Namespace) -> int:
     try:
         return asyncio.run(go())
     except (OSError, TimeoutError, StreamsError) as exc:
-        print(f"motor status: {unreachable_hint(args.nats_url)} ({exc})", file=sys.stderr)
+        print(f"motor status: {unreachable_hint(args.nats_url, exc)} ({exc})", file=sys.stderr)
         return 1

@@ -11,7 +11,17 @@ from core.config import ClusterConfig, default_config, parse_config
 from core.errors import ConfigError
 from core.redact import redact_url
 from core.secrets import resolve_secrets
-from streams.connection import NatsOptions
+from streams.connection import NatsOptions, split_urls
+from streams.credentials import (
+    CONTEXT_ENV,
+    CREDS_ENV,
+    PASSWORD_ENV,
+    TOKEN_ENV,
+    USER_ENV,
+    Credentials,
+    load_context,
+    merge,
+)
 
 
 def read_text(path: str, what: str = "config") -> bytes:
@@ -53,49 +63,87 @@ def _read_secret(path: str) -> str:
 
 
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
+DEFAULT_ROOT = ".motor"
 
 
-def add_nats_args(parser: argparse.ArgumentParser) -> None:
-    """The connection flags every command that talks to NATS takes."""
+def add_nats_args(parser: argparse.ArgumentParser, login: str = "inspect") -> None:
+    """The connection flags every command that talks to NATS takes.
+
+    Secrets are best given in the environment or a context file (flags show in `ps`). With
+    none given, `motor up`'s credentials of the user `login` under `--root` are used, if they
+    were made for the server at `--nats-url` (deploy.natsauth.discover).
+    """
     g = parser.add_argument_group("NATS connection")
     g.add_argument(
         "--nats-url",
-        default=os.environ.get("MOTOR_NATS_URL", DEFAULT_NATS_URL),
-        help="comma-separated server URLs (env MOTOR_NATS_URL; default %(default)s)",
+        default=None,
+        help="comma-separated server URLs (env MOTOR_NATS_URL; default: the URL of `motor up`'s "
+        f"credentials under --root, else {DEFAULT_NATS_URL})",
     )
-    g.add_argument("--nats-user", default=os.environ.get("MOTOR_NATS_USER"))
-    # Secrets on a command line are visible to every user through `ps`: prefer the env.
+    g.add_argument("--nats-user", default=os.environ.get(USER_ENV) or None, help=f"env {USER_ENV}")
     g.add_argument(
         "--nats-password",
-        default=os.environ.get("MOTOR_NATS_PASSWORD"),
-        help="prefer env MOTOR_NATS_PASSWORD",
+        default=os.environ.get(PASSWORD_ENV) or None,
+        help=f"prefer env {PASSWORD_ENV} or --nats-context: flags show in `ps`",
+    )
+    g.add_argument("--nats-token", default=os.environ.get(TOKEN_ENV) or None, help=f"env {TOKEN_ENV}")
+    g.add_argument(
+        "--nats-creds", default=os.environ.get(CREDS_ENV) or None, help=f"NATS .creds file (env {CREDS_ENV})"
     )
     g.add_argument(
-        "--nats-token", default=os.environ.get("MOTOR_NATS_TOKEN"), help="prefer env MOTOR_NATS_TOKEN"
+        "--nats-context",
+        default=os.environ.get(CONTEXT_ENV) or None,
+        help=f"a `nats` CLI context file: url, user, password, token, creds, TLS files (env {CONTEXT_ENV})",
     )
-    g.add_argument("--nats-creds", default=os.environ.get("MOTOR_NATS_CREDS"), help="NATS .creds file")
     g.add_argument("--nats-tls-ca", default=os.environ.get("MOTOR_NATS_TLS_CA"))
     g.add_argument("--nats-tls-cert", default=os.environ.get("MOTOR_NATS_TLS_CERT"))
     g.add_argument("--nats-tls-key", default=os.environ.get("MOTOR_NATS_TLS_KEY"))
+    g.add_argument(
+        "--root",
+        default=os.environ.get("MOTOR_ROOT", DEFAULT_ROOT),
+        help=f"`motor up`'s state dir, whose NATS credentials ({login}) are used when none are given "
+        "(env MOTOR_ROOT; default %(default)s)",
+    )
+    parser.set_defaults(nats_login=login)
 
 
 def nats_options(args: argparse.Namespace) -> NatsOptions:
-    """NatsOptions from the flags `add_nats_args` defined."""
-    return NatsOptions(
-        urls=[u.strip() for u in args.nats_url.split(",") if u.strip()],
+    """NatsOptions from the flags `add_nats_args` defined; `args.nats_url` is set to the URL used."""
+    from deploy.natsauth import discover
+
+    urls = split_urls(args.nats_url or os.environ.get("MOTOR_NATS_URL", "")) or None
+    given = Credentials(
         user=args.nats_user,
         password=args.nats_password,
         token=args.nats_token,
-        creds_file=args.nats_creds,
-        tls_ca=args.nats_tls_ca,
-        tls_cert=args.nats_tls_cert,
-        tls_key=args.nats_tls_key,
+        creds=args.nats_creds,
+        ca=args.nats_tls_ca,
+        cert=args.nats_tls_cert,
+        key=args.nats_tls_key,
     )
+    layers = [given]
+    if args.nats_context:
+        layers.append(load_context(args.nats_context))
+    elif not given.logs_in:
+        found = discover(Path(args.root), args.nats_login, urls)
+        if found is not None:
+            layers.append(found)
+    creds = merge(*layers)
+    urls = urls or split_urls(creds.url or "") or [DEFAULT_NATS_URL]
+    args.nats_url = ",".join(urls)
+    return NatsOptions.from_credentials(creds, urls)
 
 
-def unreachable_hint(url: str) -> str:
-    """What to do when NATS at `url` (comma-separated URLs) does not answer; passwords masked."""
-    shown = ",".join(redact_url(u.strip()) for u in url.split(","))
+def unreachable_hint(url: str | None, exc: BaseException | None = None) -> str:
+    """What to tell a user whose command could not reach (or log in to) NATS."""
+    shown = ",".join(redact_url(u.strip()) for u in (url or DEFAULT_NATS_URL).split(","))
+    text = str(exc or "").lower()
+    if "authorization" in text or "authentication" in text:
+        return (
+            f"NATS at {shown} refused the login: run this where `motor up` runs (its credentials are "
+            f"found under --root, default {DEFAULT_ROOT}), or give credentials ({CONTEXT_ENV}=FILE, "
+            f"{USER_ENV}/{PASSWORD_ENV}, {CREDS_ENV})"
+        )
     return (
         f"cannot reach NATS at {shown}: start a local cluster with `motor up`, "
         "or point --nats-url (env MOTOR_NATS_URL) at your server"

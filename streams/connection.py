@@ -1,4 +1,8 @@
-"""Connecting to NATS: URL list, user/password, token, creds file, TLS; reconnect forever."""
+"""Connecting to NATS: URL list, user/password, token, creds file, TLS; reconnect forever.
+
+Credentials come from the config, a `nats` CLI context file or the environment
+(`streams.credentials`); URLs are logged with their password masked.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ import os
 import random
 import ssl
 import weakref
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,6 +22,7 @@ from nats.errors import NoServersError
 
 from core.config import NatsConfig
 from core.redact import redact_url
+from streams.credentials import Credentials, resolve
 from streams.errors import NatsUnavailable
 
 log = logging.getLogger(__name__)
@@ -48,25 +54,53 @@ class NatsOptions:
     tls_ca: str | None = None
     tls_cert: str | None = None
     tls_key: str | None = None
+    inbox_prefix: str | None = None  # replies and push deliveries: `_INBOX.<user>` under motor up
+    # TLS before anything else is sent (the server's `tls { handshake_first: true }`): neither
+    # the password nor the CONNECT line ever crosses the wire in clear.
+    tls_first: bool = False
 
     @classmethod
-    def from_config(cls, cfg: NatsConfig, urls: list[str] | None = None) -> NatsOptions:
-        """Options from a `NatsConfig`; `urls` (e.g. from --nats-url) overrides its URLs."""
+    def from_config(
+        cls, cfg: NatsConfig, urls: list[str] | None = None, env: Mapping[str, str] | None = None
+    ) -> NatsOptions:
+        """Options from a `NatsConfig`, a context file and the environment (`streams.credentials`).
+
+        `urls` (e.g. from --nats-url) wins over the context file's `url`, which wins over the
+        config's `nats.urls`.
+        """
         tls = cfg.tls
-        return cls(
-            urls=list(urls) if urls else list(cfg.urls),
+        base = Credentials(
             user=cfg.user,
             password=cfg.password,
             token=cfg.token,
-            creds_file=cfg.creds_file,
-            tls_ca=tls.ca_file if tls else None,
-            tls_cert=tls.cert_file if tls else None,
-            tls_key=tls.key_file if tls else None,
+            creds=cfg.creds_file,
+            ca=tls.ca_file if tls else None,
+            cert=tls.cert_file if tls else None,
+            key=tls.key_file if tls else None,
+            tls_first=cfg.require_tls,
+        )
+        creds = resolve(base, cfg.context_file, os.environ if env is None else env)
+        return cls.from_credentials(creds, urls or split_urls(creds.url or "") or list(cfg.urls))
+
+    @classmethod
+    def from_credentials(cls, creds: Credentials, urls: list[str]) -> NatsOptions:
+        """Options for these URLs with these credentials."""
+        return cls(
+            urls=list(urls),
+            user=creds.user,
+            password=creds.password,
+            token=creds.token,
+            creds_file=creds.creds,
+            tls_ca=creds.ca,
+            tls_cert=creds.cert,
+            tls_key=creds.key,
+            inbox_prefix=creds.inbox_prefix,
+            tls_first=creds.tls_first,
         )
 
     def tls_context(self) -> ssl.SSLContext | None:
-        """An SSL context when any TLS file is given or a URL says `tls://`."""
-        wants_tls = any(u.startswith("tls://") for u in self.urls)
+        """An SSL context when any TLS file is given, TLS comes first, or a URL says `tls://`."""
+        wants_tls = self.tls_first or any(u.startswith("tls://") for u in self.urls)
         if not (self.tls_ca or self.tls_cert or wants_tls):
             return None
         ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=self.tls_ca)
@@ -89,14 +123,27 @@ class NatsOptions:
         ctx = self.tls_context()
         if ctx is not None:
             kw["tls"] = ctx
+        if self.tls_first:
+            kw["tls_handshake_first"] = True
+        if self.inbox_prefix:
+            kw["inbox_prefix"] = self.inbox_prefix
         return kw
+
+    def shown_urls(self) -> str:
+        """The URLs as logs and messages show them (no `user:password@`)."""
+        return ", ".join(redact_url(u) for u in self.urls)
+
+
+def split_urls(text: str) -> list[str]:
+    """A comma-separated URL list as a list."""
+    return [u.strip() for u in text.split(",") if u.strip()]
 
 
 def _as_options(target: NatsOptions | str | list[str]) -> NatsOptions:
     if isinstance(target, NatsOptions):
         return target
     if isinstance(target, str):
-        return NatsOptions(urls=[u.strip() for u in target.split(",") if u.strip()])
+        return NatsOptions(urls=split_urls(target))
     return NatsOptions(urls=list(target))
 
 
@@ -114,7 +161,7 @@ async def connect(
     """
     opts = _as_options(target)
     kwargs = opts.connect_kwargs()
-    urls = ", ".join(redact_url(u) for u in opts.urls)  # for messages: never a password
+    urls = opts.shown_urls()
     connected = False
     errors: list[BaseException] = []
 

@@ -31,6 +31,7 @@ from nats.errors import Error as NatsError
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 
+from core.ids import new_id
 from streams.connection import options_for
 from streams.errors import StreamsError
 from streams.rawsub import Frame, RawSubscriber, RawUnsupported
@@ -77,6 +78,14 @@ async def js_api(nc: Client, subject: str, body: dict[str, Any] | None = None) -
             raise StreamMissing(f"stream {subject.rsplit('.', 1)[-1]} not found (run ensure_streams)")
         raise StreamsError(f"{subject}: {err.get('description', err)}")
     return resp
+
+
+def create_subject(stream: str, config: dict[str, Any]) -> str:
+    """`$JS.API.CONSUMER.CREATE.<stream>.<name>[.<filter>]`: the name (and filter) in the subject,
+    where NATS permissions can see them (streams.permissions); never the nameless form."""
+    subject = f"$JS.API.CONSUMER.CREATE.{stream}.{config['name']}"
+    filt = config.get("filter_subject")
+    return f"{subject}.{filt}" if filt else subject
 
 
 def parse_status(hdr: bytes) -> tuple[str, dict[str, str]]:
@@ -192,7 +201,15 @@ def _raw_subscriber(nc: Client) -> RawSubscriber:
     if callable(user) or callable(password) or callable(token):
         raise RawUnsupported("callback credentials")
     name = f"{nc.options.get('name') or 'motor'}-reader"
-    return RawSubscriber(url.geturl(), name=name, user=user, password=password, token=token, tls=tls)
+    return RawSubscriber(
+        url.geturl(),
+        name=name,
+        user=user,
+        password=password,
+        token=token,
+        tls=tls,
+        tls_first=bool(opts.tls_first if opts else nc.options.get("tls_handshake_first")),
+    )
 
 
 # --------------------------------------------------------------------------- consumer
@@ -228,6 +245,7 @@ class PushConsumer:
         self.last_seq = 0  # stream sequence of the last message handed out
         self.resets = 0
         self.delivering = False  # a consumer exists and delivers (False while recreating it)
+        self.foreign = 0  # messages of another consumer delivered to our inbox, dropped
         self.transport = ""  # "raw" | "nats-py", for logs and tests
         self._cseq = 0
         self._name: str | None = None
@@ -291,10 +309,9 @@ class PushConsumer:
                 )
         # Subscribe before the consumer exists, so its first message has somewhere to go.
         sink = self._sink = await self._open_sink()
+        config = {**self._config(sink.inbox), "name": new_id()}
         resp = await js_api(
-            self.nc,
-            f"$JS.API.CONSUMER.CREATE.{self.stream}",
-            {"stream_name": self.stream, "config": self._config(sink.inbox)},
+            self.nc, create_subject(self.stream, config), {"stream_name": self.stream, "config": config}
         )
         self._name = resp["name"]
         self._cseq = 0
@@ -376,6 +393,7 @@ class PushConsumer:
     async def _handle(self, sink: _RawSink | _PySink, frames: list[Frame]) -> list[Delivery]:
         out: list[Delivery] = []
         cseq = self._cseq
+        mine = (self._name or "").encode()
         for subject, reply, hdr, data in frames:
             if hdr[:9] == b"NATS/1.0 ":  # a status frame: heartbeat, flow control, 409 ...
                 if await self._control(sink, reply, hdr, cseq):
@@ -387,6 +405,11 @@ class PushConsumer:
             # v1: $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>
             # v2: $JS.ACK.<domain>.<account>.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>[.<tok>]
             off = 0 if len(tokens) == 9 else 2
+            if tokens[3 + off] != mine:
+                # Another consumer pointed at our inbox (anyone who may create consumers can):
+                # its messages are not ours to hand out.
+                self.on_foreign(tokens[3 + off], subject)
+                continue
             c = int(tokens[6 + off])
             if c != cseq + 1:
                 self._cseq = cseq
@@ -407,6 +430,15 @@ class PushConsumer:
         else:
             self._cseq = cseq
         return out
+
+    def on_foreign(self, consumer: bytes, subject: bytes) -> None:
+        """A message of another consumer arrived in our inbox: drop it, count it, say so once."""
+        self.foreign += 1
+        if self.foreign == 1:
+            log.warning(
+                "consumer %s on %s (after seq %d): dropping messages of consumer %s delivered to its inbox (%s)",
+                self._name, self.stream, self.last_seq, consumer.decode(errors="replace"), subject.decode(errors="replace"),
+            )  # fmt: skip
 
     async def _control(self, sink: _RawSink | _PySink, reply: bytes, hdr: bytes, cseq: int) -> bool:
         """Handle a status frame; True if the consumer was replaced."""

@@ -14,6 +14,7 @@ import dataclasses
 import logging
 from typing import Any
 
+from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import APIError, NotFoundError
@@ -35,6 +36,11 @@ HB_MAX_AGE = 3600.0
 CHECKPOINT_HISTORY = 4  # a few older checkpoints survive a bad write
 CHECKPOINT_MAX_VALUE = 8 * 1024 * 1024
 LEASE_TTL: float = ControllerConfig.model_fields["lease_ttl"].default
+# A request NATS permissions forbid gets no answer at all (the client logs the violation).
+NO_ANSWER = (
+    "no answer (only a NATS user with JetStream admin rights may create or change streams: "
+    "`motor up` makes them as `admin` before it starts anything)"
+)
 
 
 def kv_stream(bucket: str) -> str:
@@ -144,6 +150,8 @@ async def ensure_streams(
                 await js.add_stream(want)
             except APIError as exc:
                 raise StreamsError(f"cannot create stream {want.name}: {exc.description or exc}") from None
+            except NatsTimeoutError:
+                raise StreamsError(f"cannot create stream {want.name}: {NO_ANSWER}") from None
             log.info("created stream %s", want.name)
             continue
         diff = _differs(want, info.config)
@@ -155,6 +163,8 @@ async def ensure_streams(
         )
         try:
             await js.update_stream(merged)
+        except NatsTimeoutError:
+            raise StreamsError(f"cannot update stream {want.name}: {NO_ANSWER}") from None
         except APIError as exc:
             fields = ", ".join(sorted(diff))
             raise StreamsError(

@@ -240,7 +240,7 @@ class LiveFold:
         apply, skips, stream = self.apply, self.skips, self.stream
         for d in batch:
             try:
-                ev = decode(d.data)
+                ev = decode(d.data, d.subject)
             except DecodeError as exc:
                 skips.decode_error(stream, d.seq, d.subject, exc)
             else:
@@ -261,7 +261,7 @@ class LiveFold:
         assert apply is not None
         for d in batch:
             try:
-                apply(Record(HB_STREAM, d.seq, d.subject, decode(d.data)))
+                apply(Record(HB_STREAM, d.seq, d.subject, decode(d.data, d.subject)))
             except DecodeError as exc:
                 skips.decode_error(HB_STREAM, d.seq, d.subject, exc)
             except Exception as exc:

@@ -2,8 +2,9 @@
 
 An event is skipped when it cannot be decoded (`undecodable`: not JSON, not a valid event,
 a non-finite `ts`), names a type this code does not know (`unknown_type`), carries a newer
-`schema_version` than this code reads (`newer_schema`), or decodes but its apply callback
-raised (`inapplicable`). A skipped event never stops a fold: a new producer, a rogue client
+`schema_version` than this code reads (`newer_schema`), sits on a subject other than the one
+its data names (`wrong_subject`: NATS permissions guard subjects, so such an event is not
+believed), or decodes but its apply callback raised (`inapplicable`). A skipped event never stops a fold: a new producer, a rogue client
 or a reducer bug must cost one event, not the reader.
 """
 
@@ -14,15 +15,16 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from core.errors import DecodeError, NewerSchema, UnknownEventType
+from core.errors import DecodeError, NewerSchema, UnknownEventType, WrongSubject
 
 log = logging.getLogger(__name__)
 
 UNDECODABLE = "undecodable"
 UNKNOWN_TYPE = "unknown_type"
 NEWER_SCHEMA = "newer_schema"
+WRONG_SUBJECT = "wrong_subject"
 INAPPLICABLE = "inapplicable"
-REASONS = (UNDECODABLE, UNKNOWN_TYPE, NEWER_SCHEMA, INAPPLICABLE)
+REASONS = (UNDECODABLE, UNKNOWN_TYPE, NEWER_SCHEMA, WRONG_SUBJECT, INAPPLICABLE)
 
 # Each skipped event is logged once; past this many of one reason only every LOG_EVERY-th is,
 # so a flood of garbage from one client cannot flood the log file too.
@@ -36,6 +38,8 @@ def reason_for(exc: DecodeError) -> str:
         return UNKNOWN_TYPE
     if isinstance(exc, NewerSchema):
         return NEWER_SCHEMA
+    if isinstance(exc, WrongSubject):
+        return WRONG_SUBJECT
     return UNDECODABLE
 
 

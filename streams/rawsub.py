@@ -4,7 +4,7 @@ nats-py builds a `Msg`, parses every header block and queues each message for a 
 a replay that is most of the cost (issue 2 measured 139k/s through nats-py against 329k/s
 for a raw protocol reader). This connection parses `MSG`/`HMSG` frames straight into
 tuples and hands them over in batches. It speaks just enough of the protocol for that:
-CONNECT (user/password or token, TLS when the server asks), SUB, PING/PONG and the
+CONNECT (user/password or token, TLS when the server asks or first), SUB, PING/PONG and the
 one-line PUBs that answer flow control. Anything it cannot do (creds files, websockets)
 makes `RawSubscriber.open` raise, and the caller falls back to nats-py.
 """
@@ -101,6 +101,7 @@ class RawSubscriber:
         password: str | None = None,
         token: str | None = None,
         tls: ssl.SSLContext | None = None,
+        tls_first: bool = False,
     ) -> None:
         self.url = url
         self.name = name
@@ -108,6 +109,7 @@ class RawSubscriber:
         self.password = password
         self.token = token
         self.tls = tls
+        self.tls_first = tls_first  # TLS before INFO (the server's `handshake_first`)
         self.frames: list[Frame] = []
         self.closed = False
         self.error: BaseException | None = None
@@ -127,13 +129,17 @@ class RawSubscriber:
         password = self.password or (u.password or None)
         loop = asyncio.get_running_loop()
         self._info = loop.create_future()
+        first = (self.tls or ssl.create_default_context()) if self.tls_first else None
         transport, proto = await asyncio.wait_for(
-            loop.create_connection(lambda: _Protocol(self), host, port), timeout
+            loop.create_connection(
+                lambda: _Protocol(self), host, port, ssl=first, server_hostname=host if first else None
+            ),
+            timeout,
         )
         self._proto = proto
         info = await asyncio.wait_for(self._info, timeout)
         tls = self.tls
-        if info.get("tls_required") or u.scheme == "tls":
+        if first is None and (info.get("tls_required") or u.scheme == "tls"):
             tls = tls or ssl.create_default_context()
             new = await loop.start_tls(transport, proto, tls, server_hostname=host)
             if new is None:

@@ -143,7 +143,7 @@ async def read_range(
         filter_subject=filter_subject,
     ):
         try:
-            ev = decode(d.data)
+            ev = decode(d.data, d.subject)
         except DecodeError as exc:
             skips.skip(d, exc)
             continue
@@ -222,7 +222,7 @@ class Follower:
         while batch := await consumer.next_batch():
             for d in batch:
                 try:
-                    ev = decode(d.data)
+                    ev = decode(d.data, d.subject)
                 except DecodeError as exc:
                     self._skips.skip(d, exc)
                 else:

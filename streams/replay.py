@@ -92,7 +92,7 @@ async def fold_stream(
             stats.first_seq = batch[0].seq
         for d in batch:
             try:
-                ev = decode(d.data)
+                ev = decode(d.data, d.subject)
             except DecodeError as exc:
                 stats.skip(stream, d.seq, d.subject, reason_for(exc), str(exc))
                 continue

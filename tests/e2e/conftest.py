@@ -164,7 +164,7 @@ async def running_cluster(
         cfg, root=root, ports=free_ports(nodes), nodes=nodes, extra_env={"PYTHONPATH": os.getcwd()}
     )
     await cluster.start()
-    nc = await connect(cluster.url, name="e2e")
+    nc = await connect(cluster.client_options("inspect"), name="e2e")
     h = Harness(cluster, nc)
     await h.watcher.start()
     try:
@@ -174,6 +174,13 @@ async def running_cluster(
         await h.watcher.stop()
         await nc.close()
         await cluster.stop()
+    # Every component logged in as its role: anything it was refused means a permission set
+    # (streams.permissions) is missing what that role truly does. (Tests try the CLI's users
+    # on forbidden things on purpose.)
+    nats_log = (cluster.logs / "nats-server.log").read_text(errors="replace").splitlines()
+    components = ('user:controller"', 'user:coordinator"', "user:nodeagent-")
+    refused = [line for line in nats_log if "Violation" in line and any(c in line for c in components)]
+    assert not refused, "\n".join(refused[:20])
 
 
 @pytest.fixture(scope="module")

@@ -19,6 +19,7 @@ from typing import Any
 
 import aiohttp
 import openai
+import pytest
 
 from core.events import InstanceState, Role
 from tests.e2e.conftest import Harness, engine_pid
@@ -30,7 +31,16 @@ async def motor(h: Harness, *args: str, check: bool = True) -> subprocess.Comple
     """Run the `motor` CLI against the cluster, as an operator would (off the event loop)."""
     proc = await asyncio.to_thread(
         subprocess.run,
-        [sys.executable, "-m", "deploy.cli", *args, "--nats-url", h.cluster.url],
+        [
+            sys.executable,
+            "-m",
+            "deploy.cli",
+            *args,
+            "--nats-url",
+            h.cluster.url,
+            "--root",
+            str(h.cluster.root),
+        ],
         capture_output=True,
         text=True,
         timeout=120,
@@ -279,3 +289,66 @@ async def test_timeline_renders_in_headless_chromium(harness: Harness, tmp_path:
     assert any(lane.startswith("endpoint-") for lane in lanes)
     assert "marks-fault" in lanes and "marks-command" in lanes and "marks-leader" in lanes
     assert "mark-fault" in dom and "state-ACTIVE" in dom
+
+
+async def test_nats_refuses_anonymous_clients_and_the_cli_finds_motor_ups_credentials(
+    harness: Harness,
+) -> None:
+    h = harness
+    from streams.connection import connect
+    from streams.errors import NatsUnavailable
+
+    with pytest.raises(NatsUnavailable, match=r"(?i)authorization"):
+        await connect(h.cluster.url, name="anonymous")
+    # No password on any child's command line (`ps` shows it): they read a 0600 file.
+    assert h.cluster.auth is not None
+    passwords = [pw.encode() for _, pw in h.cluster.auth.users]
+    for child in h.cluster.children:
+        assert child.proc is not None
+        argv = _cmdline(child.proc.pid)
+        assert not any(pw in argv for pw in passwords), child.name
+    assert _modes(h.cluster.root / "auth") == {0o600}
+
+    # Without --nats-url: the URL and the inspect user come from the files under --root.
+    cli = [sys.executable, "-m", "deploy.cli"]
+    ls = await asyncio.to_thread(
+        subprocess.run,
+        [*cli, "events", "ls", "--root", str(h.cluster.root)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert ls.returncode == 0 and "MOTOR" in ls.stdout, ls.stderr
+    st = await asyncio.to_thread(
+        subprocess.run,
+        [*cli, "status", "--root", str(h.cluster.root)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert st.returncode == 0, st.stderr
+    # Elsewhere, without credentials: a clear message, no traceback.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MOTOR_NATS")}
+    lost = await asyncio.to_thread(
+        subprocess.run,
+        [*cli, "events", "ls", "--nats-url", h.cluster.url, "--root", str(h.cluster.root / "nowhere")],
+        capture_output=True, text=True, timeout=120, env=env,
+    )  # fmt: skip
+    assert lost.returncode == 1 and "refused the login" in lost.stderr and "MOTOR_NATS_CONTEXT" in lost.stderr
+    assert "Traceback" not in lost.stderr
+    # The inspect user reads; it does not write (a fault report needs the operator user).
+    denied = await asyncio.to_thread(
+        subprocess.run,
+        [*cli, "fault", "report", "--node", "union-0", "--code", "X", "--level", "L2",
+         "--nats-context", str(h.cluster.root / "auth" / "inspect.json")],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert denied.returncode == 1 and "permissions violation" in denied.stderr.lower(), denied.stderr
+
+
+def _cmdline(pid: int) -> bytes:
+    return Path(f"/proc/{pid}/cmdline").read_bytes()
+
+
+def _modes(d: Path) -> set[int]:
+    return {f.stat().st_mode & 0o777 for f in d.iterdir()}

@@ -125,6 +125,7 @@ class Agent:
         self.job_name = kw.pop("job_name", "motor")
         self.extra: list[str] = kw.pop("extra", [])
         self.marker = kw.pop("marker", None) or uuid.uuid4().hex
+        self.env: dict[str, str] = kw.pop("env", {})  # e.g. MOTOR_NATS_CONTEXT: its credentials
         self.log = tmp / f"agent-{node_id}.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -143,7 +144,7 @@ class Agent:
         ]  # fmt: skip
 
     def start(self) -> Agent:
-        env = {**os.environ, MARKER: self.marker, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, **self.env, MARKER: self.marker, "PYTHONUNBUFFERED": "1"}
         with self.log.open("ab") as fh:
             self.proc = subprocess.Popen(
                 self.argv(), cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT,

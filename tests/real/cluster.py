@@ -121,7 +121,7 @@ async def real_cluster(root: Path, raw: dict[str, Any], nodes: int) -> AsyncIter
     nc = None
     try:
         await cluster.start()
-        nc = await connect(cluster.url, name="real-tests")
+        nc = await connect(cluster.client_options("admin"), name="real-tests")
         watcher = StateWatcher(nc)
         await watcher.start()
         tail = await EventTail(nc).start()

@@ -24,6 +24,7 @@ class _Consumer(PushConsumer):
     def __init__(self) -> None:
         super().__init__(None, "MOTOR")  # type: ignore[arg-type]
         self.reset_reasons: list[str] = []
+        self._name = "c1"  # the consumer the frames below belong to
 
     async def _reset(self, why: str) -> None:
         self.reset_reasons.append(why)
@@ -61,6 +62,14 @@ async def test_in_order_frames_become_deliveries() -> None:
     assert out[0].ts_ns == 1_700_000_000_000_000_005
     assert out[0].subject == "motor.evt.node.n1"
     assert c.last_seq == 10 and c.reset_reasons == []
+
+
+async def test_messages_of_another_consumer_in_our_inbox_are_dropped() -> None:
+    c, sink = _Consumer(), _Sink()
+    evil = (b"motor.evt.node.n1", b"$JS.ACK.MOTOR.evil.1.1.1.1700000000000000001.0", b"", b"{}")
+    out = await handle(c, sink, [evil, data(5, 1, 1), evil, data(6, 2, 0)])
+    assert [d.seq for d in out] == [5, 6]
+    assert c.foreign == 2 and c.reset_reasons == []
 
 
 async def test_a_consumer_sequence_gap_resets_after_the_good_part() -> None:
