@@ -7,7 +7,7 @@ forbidden action with the role's own credentials):
 |---|---|---|
 | `nodeagent-<n>` | `motor.evt.{node,endpoint,fault,snapshot}.<n>`, `motor.hb.<n>`; its durable `nodeagent-<n>` (create with filter `motor.cmd.<n>.>`, info, fetch, acks) | MOTOR events only (`motor.evt.>`) |
 | `controller` | `motor.cmd.>`, `motor.evt.{instance,controller,fault,precision}.>`, the KV buckets `motor_leader` and `motor_checkpoints` | MOTOR, MOTOR_HB |
-| `coordinator` | `motor.evt.refresh.coordinator`, `motor.evt.precision.>`, `motor.evt.coordinator.>` | MOTOR, MOTOR_HB |
+| `coordinator` | `motor.evt.refresh.coordinator`, `motor.evt.precision.>`, its fault decisions `motor.evt.{circuit,streams}.>` | MOTOR, MOTOR_HB |
 | `operator` | `motor.evt.fault.>`, `motor.evt.precision.>` (`motor fault`, `motor precision`) | like `inspect` |
 | `inspect` | nothing | every stream, consumer and KV read the `nats` CLI and `motor events` make |
 | `admin` | everything (`motor up` creates the streams with it; `motor events import`) | everything |
@@ -34,7 +34,8 @@ JS_API = "$JS.API"
 ALL_STREAMS = (MOTOR_STREAM, HB_STREAM, kv_stream(LEADER_BUCKET), kv_stream(CHECKPOINT_BUCKET))
 # Kinds of event a node agent reports about itself (core.subjects._KIND_BY_TYPE).
 NODE_EVENT_KINDS = ("node", "endpoint", "fault", "snapshot")
-COORDINATOR_EVENTS = f"{subjects.EVT}.coordinator.>"
+# The coordinator's own fault decisions (coordinator.circuit_changed, .streams_disrupted).
+COORDINATOR_KINDS = ("circuit", "streams")
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,11 +182,11 @@ def controller(node_ids: Iterable[str]) -> NatsUser:
 
 
 def coordinator(node_ids: Iterable[str]) -> NatsUser:
-    """Coordinators: refresh and precision events and their own fault events; reads the log."""
+    """Coordinators: refresh and precision events and their own fault decisions; reads the log."""
     publish = [
         subjects.REFRESH,
         f"{subjects.EVT}.precision.>",
-        COORDINATOR_EVENTS,
+        *(f"{subjects.EVT}.{kind}.>" for kind in COORDINATOR_KINDS),
         *_stream_info(),
         *_follow(MOTOR_STREAM),
         *_follow(HB_STREAM),

@@ -388,8 +388,8 @@ async def test_the_coordinator_publishes_refresh_precision_and_its_own_faults_on
     refresh = _ev(InstancesRefreshed, InstancesRefreshedData(ids=(1,), instances=({"id": 1},)))
     assert await Publisher(js).publish(refresh) > 0
     assert await Publisher(js).publish(alarm(2)) > 0
-    ack = await js.publish(f"{subjects.EVT}.coordinator.route", b"{}")  # its own fault events
-    assert ack.seq > 0
+    for subject in (subjects.circuit("n1"), subjects.streams(None, 7)):  # its own fault decisions
+        assert (await js.publish(subject, b"{}")).seq > 0
     f = await follows(co, MOTOR_STREAM, filter_subject=subjects.ALL_EVENTS)
     await f.close()
     await (await follows(co, HB_STREAM)).close()
