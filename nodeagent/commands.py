@@ -48,6 +48,7 @@ from core.events import (
 from nodeagent.errors import CommandRefusal
 from nodeagent.metrics import AgentMetrics
 from streams.definitions import MOTOR_STREAM
+from streams.permissions import durable_name  # NATS permissions name it too
 
 log = logging.getLogger(__name__)
 
@@ -61,10 +62,6 @@ ACK_TIMEOUT = 2.0
 # A consumer made again replays from a little before it was last seen (clocks of the agent
 # and the server differ); what it replays twice is answered from memory.
 REMADE_MARGIN = 5.0
-
-
-def durable_name(node_id: str) -> str:
-    return f"nodeagent-{subjects.check_token(node_id, 'node id')}"
 
 
 def result_data(
