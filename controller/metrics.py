@@ -22,7 +22,7 @@ class ControllerMetrics:
         )
         self.skipped = Counter(
             "motor_controller_events_skipped",
-            "Events skipped by the fold: undecodable, unknown_type, newer_schema, inapplicable",
+            "Events skipped by the fold: undecodable, unknown_type, newer_schema, wrong_subject, inapplicable",
             ["reason"],
             registry=r,
         )

@@ -206,7 +206,7 @@ class CoordinatorMetrics:
         # The fold of the log (streams.livefold): what it skipped and how often the log was lost.
         self.events_skipped = Counter(
             "motor_coordinator_events_skipped",
-            "Events the fold skipped: undecodable, unknown_type, newer_schema, inapplicable",
+            "Events the fold skipped: undecodable, unknown_type, newer_schema, wrong_subject, inapplicable",
             ["reason"],
             registry=r,
         )

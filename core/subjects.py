@@ -20,6 +20,7 @@ HB = f"{PREFIX}.hb"
 ALL_EVENTS = f"{EVT}.>"
 ALL_COMMANDS = f"{CMD}.>"
 ALL_HEARTBEATS = f"{HB}.>"
+_OURS = f"{PREFIX}."
 
 _TOKEN = re.compile(r"^[A-Za-z0-9_\-]+$")
 
@@ -158,7 +159,10 @@ def parse(subject: str) -> Parsed:
 
 def matches(subject: str, ev: Any) -> bool:
     """Whether `subject` is the one `ev` is published on (`for_event`), checked cheaply: every
-    event a reader folds passes here. A type `for_event` cannot place is not judged."""
+    event a reader folds passes here. A type `for_event` cannot place, or a subject outside
+    Motor's (another stream read the same way), is not judged."""
+    if not subject.startswith(_OURS):
+        return True
     etype: str = ev.type
     rule = _PREFIX_BY_TYPE.get(etype)
     if rule is not None:

@@ -197,7 +197,7 @@ class EventTable:
         except orjson.JSONDecodeError:
             event = body.decode("utf-8", "replace")
         row = {"stream": self.stream, "seq": seq, "subject": subject, "time": ts, "event": event}
-        poison = skip_reason(body)
+        poison = skip_reason(body, subject)
         if poison is not None:
             row["skipped"] = {"reason": poison[0], "detail": poison[1]}
         if self.live:
@@ -260,14 +260,15 @@ class EventTable:
         Console(highlight=False).print(table)
 
 
-def skip_reason(body: bytes) -> tuple[str, str] | None:
-    """(reason, detail) when a fold would skip this message (undecodable, unknown type, newer schema)."""
+def skip_reason(body: bytes, subject: str | None = None) -> tuple[str, str] | None:
+    """(reason, detail) when a fold would skip this message (undecodable, unknown type, newer
+    schema, on a subject its data does not name)."""
     from core.codec import decode
     from core.errors import DecodeError
     from streams.poison import reason_for
 
     try:
-        decode(body)
+        decode(body, subject)
     except DecodeError as exc:
         return reason_for(exc), str(exc)
     return None

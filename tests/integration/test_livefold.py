@@ -17,6 +17,8 @@ from nats.js.api import StreamConfig
 
 from core import subjects
 from core.codec import encode
+from core.events import Heartbeat, HeartbeatData
+from core.ids import new_id
 from streams.connection import connect
 from streams.definitions import HB_STREAM, MOTOR_STREAM, ensure_streams
 from streams.livefold import LiveFold
@@ -26,6 +28,14 @@ from streams.publisher import Publisher
 from streams.reader import Record
 from streams.server import EmbeddedNats
 from tests.integration.streams_events import mixed, status_changed
+
+
+def heartbeat(node: str) -> Heartbeat:
+    """A heartbeat of `node` (on its own subject: a fold believes nothing else there)."""
+    return Heartbeat(
+        id=new_id(), ts=time.time(), source=f"nodeagent/{node}", data=HeartbeatData(node_id=node)
+    )
+
 
 DEADLINE = 60.0
 
@@ -169,9 +179,7 @@ async def test_nats_killed_and_restarted_later_the_fold_resumes_without_gap(
         pub = Publisher(js)
         for ev in events[:20]:
             await pub.publish(ev)
-        await js.publish(
-            subjects.heartbeat("n1"), encode(status_changed(0))
-        )  # any event: only arrival counts
+        await js.publish(subjects.heartbeat("n1"), encode(heartbeat("n1")))
         sink = Sink()
         fold = LiveFold(
             nc, sink.apply, heartbeats=sink.beat, on_lost=sink.on_lost, check_interval=0.3, idle_heartbeat=0.5
@@ -190,7 +198,7 @@ async def test_nats_killed_and_restarted_later_the_fold_resumes_without_gap(
         await until(lambda: nc.is_connected)  # nats-py reconnects on its own timer
         for ev in events[20:]:
             await pub.publish(ev)
-        await js.publish(subjects.heartbeat("n2"), encode(status_changed(1)))
+        await js.publish(subjects.heartbeat("n2"), encode(heartbeat("n2")))
         await sink.until(lambda: len(sink.records) == 40 and len(sink.beats) >= 2, what="resumed")
         assert sink.seqs() == list(range(1, 41)), "gap or duplicate"
         assert [r.event for r in sink.records] == events and sink.lost == []
@@ -224,7 +232,7 @@ async def test_stream_deleted_and_created_again_fold_starts_over(js: JetStreamCo
         await sink.until(lambda: len(sink.records) == 5, what="new stream folded")
         assert sink.seqs() == [1, 2, 3, 4, 5] and [r.event for r in sink.records] == fresh
         assert len(sink.lost) == 1 and "created again" in sink.lost[0]
-        await js.publish(subjects.heartbeat("n7"), encode(status_changed(9)))
+        await js.publish(subjects.heartbeat("n7"), encode(heartbeat("n7")))
         await sink.until(lambda: len(sink.beats) == 1, what="heartbeats of the new MOTOR_HB")
         assert fold.caught_up.is_set() and fold.health().lost == 1
     finally:

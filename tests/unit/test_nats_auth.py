@@ -273,3 +273,9 @@ def test_a_type_no_subject_rule_places_is_not_judged() -> None:
     assert subjects.matches(
         "motor.evt.coordinator.c1", SimpleNamespace(type="coordinator.route_failed", data=None)
     )
+
+
+def test_a_subject_outside_motors_is_not_judged() -> None:
+    """Another stream read the same way (LiveFold is generic) holds no Motor subjects."""
+    assert subjects.matches("aged.n7", _fake("endpoint.status_changed", node="n1"))
+    assert not subjects.matches("motor.evt.endpoint.n7", _fake("endpoint.status_changed", node="n1"))
