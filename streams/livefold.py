@@ -310,6 +310,9 @@ class LiveFold:
 
     async def _check_motor(self) -> None:
         lane = self._motor
+        # The position before the question: an event folded while the answer travels is newer
+        # than the server's view, and must not read as a rewound log.
+        folded = self.position
         info = await self._info(lane.stream)
         if info is None:
             if not lane.missing:
@@ -321,7 +324,7 @@ class LiveFold:
         self.last_view = view
         if lane.created is None:
             lane.created = view.created
-        reason = self.detector.observe(view, self.position)
+        reason = self.detector.observe(view, folded)
         if reason is not None:
             await self._log_lost(reason, view)
         elif lane.away:

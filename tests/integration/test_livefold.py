@@ -290,3 +290,24 @@ async def test_age_out_is_not_a_lost_log(js: JetStreamContext, nc: Client) -> No
             await fold.close()
     finally:
         await js.delete_stream(name)
+
+
+async def test_events_folded_while_the_stream_check_travels_are_not_a_lost_log(
+    js: JetStreamContext, nc: Client
+) -> None:
+    """Regression: the check read the fold's position after the server's answer, so an event
+    folded meanwhile made the log look rewound and the fold started over from seq 1."""
+    sink = Sink()
+    fold = fold_of(nc, sink, check_interval=0.005)
+    await fold.start()
+    try:
+        await asyncio.wait_for(fold.caught_up.wait(), DEADLINE)
+        pub = Publisher(js)
+        seq = 0
+        for i in range(1500):
+            seq = await pub.publish(status_changed(i))
+        assert await fold.wait_for(seq, DEADLINE)
+        assert sink.lost == [] and fold.lost == 0
+        assert sink.seqs() == sorted(set(sink.seqs()))
+    finally:
+        await fold.close()
