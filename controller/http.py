@@ -23,7 +23,7 @@ from controller.service import ControllerService
 from controller.views import alarms_view, instances_view, nodes_view
 from core.redact import redact
 from core.state import state_to_dict
-from httpcore.auth import METRICS, Access, Guard, GuardMiddleware
+from http1.auth import METRICS, Access, Guard, GuardMiddleware
 
 log = logging.getLogger(__name__)
 

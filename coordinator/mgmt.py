@@ -28,7 +28,7 @@ from coordinator.refresh import validate_refresh
 from coordinator.routes import describe_plan
 from core.events import InstancesRefreshed, PrecisionAlarmCleared, PrecisionAlarmClearedData
 from core.ids import new_id
-from httpcore.auth import METRICS, PROBES, Access, Guard, GuardMiddleware
+from http1.auth import METRICS, PROBES, Access, Guard, GuardMiddleware
 
 log = logging.getLogger(__name__)
 

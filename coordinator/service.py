@@ -28,7 +28,7 @@ from coordinator.proxy.server import ProxyServer
 from coordinator.table import Incarnation
 from core.config import CoordinatorConfig
 from core.events import Role
-from httpcore.metrics import HttpCollector
+from http1.metrics import HttpCollector
 
 log = logging.getLogger(__name__)
 

@@ -31,7 +31,7 @@ from coordinator.proxy.call import RESERVED, Call, client_request_id
 from coordinator.proxy.flows import Flows
 from coordinator.proxy.native import NativeRoutes, handles
 from coordinator.proxy.server import ClientConn, Request
-from httpcore.auth import AUTHENTICATE, PROBES, Access, Guard
+from http1.auth import AUTHENTICATE, PROBES, Access, Guard
 
 CHAT = b"/v1/chat/completions"
 COMPLETIONS = b"/v1/completions"

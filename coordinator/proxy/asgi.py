@@ -10,8 +10,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from coordinator.proxy import http1
 from coordinator.proxy.server import ClientConn, Request
+from http1 import wire
 
 ASGIApp = Any
 
@@ -67,8 +67,8 @@ async def serve_asgi(app: ASGIApp, conn: ClientConn, req: Request) -> None:
     finally:
         disconnected.set()
     payload = b"".join(body)
-    kept = [(n, v) for n, v in headers if n not in http1.HOP_BY_HOP]
-    head = http1.build_head(status, kept, content_length=len(payload), keep_alive=req.keep_alive)
+    kept = [(n, v) for n, v in headers if n not in wire.HOP_BY_HOP]
+    head = wire.build_head(status, kept, content_length=len(payload), keep_alive=req.keep_alive)
     conn.write(head if req.method == b"HEAD" else head + payload)
 
 

@@ -14,10 +14,10 @@ from abc import ABC, abstractmethod
 from typing import Any
 
 from coordinator.anthropic_stream import StreamTranslator
-from coordinator.proxy import http1
 from coordinator.proxy.resume import Progress, StreamSplicer
 from coordinator.proxy.server import ClientConn, Request
 from coordinator.table import Endpoint
+from http1 import wire
 
 # Body fields that steer an engine's identity or P/D transfer: only the coordinator sets them
 # (a client's `rid` would pick the engine's request id; its `kv_transfer_params` or
@@ -84,11 +84,11 @@ class SpliceSink(Sink):
 
     def feed(self, data: bytes) -> bytes:
         out = self.splicer.feed(data)
-        return http1.chunk(out) if out else b""
+        return wire.chunk(out) if out else b""
 
     def end(self) -> bytes:
-        tail = b"" if self.splicer.done else http1.chunk(b"data: [DONE]\n\n")
-        return tail + http1.LAST_CHUNK
+        tail = b"" if self.splicer.done else wire.chunk(b"data: [DONE]\n\n")
+        return tail + wire.LAST_CHUNK
 
 
 class AnthropicSink(Sink):
@@ -103,10 +103,10 @@ class AnthropicSink(Sink):
         if self.head_sent:
             return None
         self.head_sent = True
-        return http1.build_head(
+        return wire.build_head(
             200,
             [
-                (b"content-type", http1.SSE_CT),
+                (b"content-type", wire.SSE_CT),
                 (b"cache-control", b"no-cache"),
                 (b"x-request-id", call.root_b),
             ],
@@ -118,11 +118,11 @@ class AnthropicSink(Sink):
         if self.splicer is not None:
             data = self.splicer.feed(data)
         out = self.translator.feed_sse(data)
-        return http1.chunk(out) if out else b""
+        return wire.chunk(out) if out else b""
 
     def end(self) -> bytes:
         out = self.translator.finish()
-        return (http1.chunk(out) if out else b"") + http1.LAST_CHUNK
+        return (wire.chunk(out) if out else b"") + wire.LAST_CHUNK
 
 
 class Call:

@@ -16,7 +16,6 @@ from coordinator.breaker import Breakers
 from coordinator.errors import error_body
 from coordinator.faultlog import FaultLog
 from coordinator.policies import Policy, RequestInfo
-from coordinator.proxy import http1
 from coordinator.proxy.call import AnthropicSink, Call, Retry, SpliceSink
 from coordinator.proxy.exchange import Upstreams
 from coordinator.proxy.hop import Broken, Hop, send
@@ -24,6 +23,7 @@ from coordinator.proxy.resume import StreamSplicer, continuation_body, progress_
 from coordinator.routes import Router
 from coordinator.table import Endpoint, Plan, Route, RoutingTable
 from core.events import Role
+from http1 import wire
 
 log = logging.getLogger(__name__)
 
@@ -247,9 +247,9 @@ class Flows:
                 msg
             )
             if isinstance(call.sink, AnthropicSink):
-                call.conn.write(http1.chunk(call.sink.translator.error(msg)) + http1.LAST_CHUNK)
+                call.conn.write(wire.chunk(call.sink.translator.error(msg)) + wire.LAST_CHUNK)
             else:
-                call.conn.write(http1.chunk(err) + http1.LAST_CHUNK)
+                call.conn.write(wire.chunk(err) + wire.LAST_CHUNK)
             return
         if last is None:
             send(call, status, error_body(status, what or self._no_path(call)))
@@ -307,4 +307,4 @@ def _as_retry(task: asyncio.Task[Any], p: Any) -> Retry:
 
 
 def _raw_end(done: bool) -> bytes:
-    return http1.LAST_CHUNK if done else http1.chunk(b"data: [DONE]\n\n") + http1.LAST_CHUNK
+    return wire.LAST_CHUNK if done else wire.chunk(b"data: [DONE]\n\n") + wire.LAST_CHUNK

@@ -17,11 +17,11 @@ import orjson
 from coordinator.breaker import Breakers
 from coordinator.errors import error_body
 from coordinator.faultlog import FaultLog
-from coordinator.proxy import http1
 from coordinator.proxy.call import AnthropicSink, Call, Retry
 from coordinator.proxy.exchange import Upstreams
 from coordinator.proxy.upstream import UpstreamConn, UpstreamError
 from coordinator.table import Endpoint
+from http1 import wire
 
 
 class Broken(Exception):
@@ -182,7 +182,7 @@ class Hop:
         send(call, up.status, shape(up.status, data))
 
     def _head(self, call: Call, up: UpstreamConn) -> bytes | None:
-        headers = http1.forwardable(up.headers)
+        headers = wire.forwardable(up.headers)
         headers.append((b"x-request-id", call.root_b))
         length: int | None = None
         if not up.chunked:
@@ -192,7 +192,7 @@ class Hop:
                     break
             else:
                 return None
-        return http1.build_head(up.status, headers, content_length=length, keep_alive=call.req.keep_alive)
+        return wire.build_head(up.status, headers, content_length=length, keep_alive=call.req.keep_alive)
 
     def upstream_failed(self, ep: Endpoint, exc: UpstreamError | None) -> None:
         """Charge `ep`'s circuit and count the failure by kind."""

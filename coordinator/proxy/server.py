@@ -3,7 +3,7 @@
 Requests on one connection are answered in order (pipelining); each runs as one task of the
 handler. A client that goes away cancels its task, which closes the engine connections it
 uses (an engine stops generating when its client disconnects) and never reuses them. Heads
-are read within `coordinator.http` limits (`httpcore`); a handler that raises gets its
+are read within `coordinator.http` limits (`http1`); a handler that raises gets its
 request answered 500 and the connection keeps serving.
 """
 
@@ -17,10 +17,10 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from coordinator.errors import error_body
-from coordinator.proxy import http1
 from core.config import HttpLimitsConfig
-from httpcore.auth import normalize_path
-from httpcore.conn import LimitedProtocol, Watchdog
+from http1 import wire
+from http1.auth import normalize_path
+from http1.conn import LimitedProtocol, Watchdog
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +30,7 @@ _MAX_PIPELINED = 32
 class Request:
     """One parsed request; header names are lower-case bytes.
 
-    `path` is the request target's path percent-decoded and normalised (`httpcore.auth`): the
+    `path` is the request target's path percent-decoded and normalised (`http1.auth`): the
     path every check and every route of the coordinator sees. `raw_path` is as sent.
     """
 
@@ -132,7 +132,7 @@ class ClientConn(LimitedProtocol):
             self.drain_waiter.set_result(None)
 
     def error_response(self, status: int, message: str, code: str) -> bytes:
-        return http1.simple_response(status, error_body(status, message, None, code), keep_alive=False)
+        return wire.simple_response(status, error_body(status, message, None, code), keep_alive=False)
 
     def busy(self) -> bool:
         return self.task is not None or bool(self.queue)
@@ -157,7 +157,7 @@ class ClientConn(LimitedProtocol):
                 # Refuse before the client sends the body; it may not send it at all.
                 self.reject(413, f"request body over the limit of {self.max_body} bytes", "body_too_large")
             elif not self.queue and self.task is None:
-                self.transport.write(http1.CONTINUE_100)
+                self.transport.write(wire.CONTINUE_100)
 
     def on_body(self, body: bytes) -> None:
         super().on_body(body)
@@ -254,11 +254,11 @@ class ClientConn(LimitedProtocol):
         status: int,
         body: bytes,
         *,
-        content_type: bytes = http1.JSON_CT,
+        content_type: bytes = wire.JSON_CT,
         extra: list[tuple[bytes, bytes]] | None = None,
     ) -> None:
         """Write a complete response to `req` (a HEAD request gets the head alone)."""
-        data = http1.simple_response(
+        data = wire.simple_response(
             status, body, keep_alive=req.keep_alive, content_type=content_type, extra=extra
         )
         self.write(data[: len(data) - len(body)] if req.method == b"HEAD" and body else data)

@@ -28,7 +28,7 @@ class LaunchContext:
     master_dp_ip: str
     node_rank: int = 0
     nnodes: int = 1
-    python: str = "python3"  # the interpreter that runs `deploy.cli` (builtin engine)
+    python: str = "python3"  # the interpreter that runs `-m simengine` (builtin engine)
     # The environment the engine inherits (before the section's `env`): a default a backend
     # adds must not override what the operator already set.
     environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))

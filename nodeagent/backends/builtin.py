@@ -1,4 +1,5 @@
-"""The builtin CPU engine: `<python> -m deploy.cli engine builtin --port … --role … --model …`.
+"""The builtin CPU engine: `<python> -m simengine --port … --role … --model …` (or the section's
+`launcher` in place of `<python> -m simengine`).
 
 It speaks both P/D protocols, so it reports "handoff" and "bootstrap" unless
 `dispatch_profile` narrows it to one. Engine options pass through as flags; the vLLM
@@ -83,7 +84,7 @@ def engine_options(section: EngineSection) -> dict[str, Any]:
 def launch(ctx: LaunchContext) -> LaunchSpec:
     """The builtin engine's command line for one endpoint."""
     sec, ep = ctx.section, ctx.endpoint
-    program = list(sec.launcher) if sec.launcher else [ctx.python, "-m", "deploy.cli"]
+    program = list(sec.launcher) if sec.launcher else [ctx.python, "-m", "simengine"]
     base: dict[str, Any] = {
         "host": ep.ip,
         "port": ep.business_port,
@@ -94,4 +95,4 @@ def launch(ctx: LaunchContext) -> LaunchSpec:
     if ep.bootstrap_port is not None:
         derived["bootstrap_port"] = ep.bootstrap_port
     options = merge_options(base, engine_options(sec), derived)
-    return LaunchSpec(argv=(*program, "engine", "builtin", *to_flags(options)))
+    return LaunchSpec(argv=(*program, *to_flags(options)))

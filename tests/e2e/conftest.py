@@ -137,7 +137,7 @@ class Harness:
         return node.reg.endpoints[0].business_port
 
 
-def engine_pid(port: int, word: bytes = b"engine") -> int:
+def engine_pid(port: int, word: bytes = b"simengine") -> int:
     """The pid of the process serving `port` whose command line holds `word` (found in /proc)."""
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():

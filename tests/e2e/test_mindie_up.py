@@ -98,7 +98,7 @@ async def test_motor_up_runs_a_mindie_user_config(
         stderr = err_log.read_text()
         assert stderr.count("motor_deploy_config.image_name") == 1  # reported once
         assert "accepted, not used" in stderr and "Traceback" not in stderr
-        assert b"MOTOR_MINDIE_E2E=42" in environ_of(engine_pid(ports.engine, b"builtin"))
+        assert b"MOTOR_MINDIE_E2E=42" in environ_of(engine_pid(ports.engine))
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGINT)

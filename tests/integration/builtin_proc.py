@@ -28,7 +28,7 @@ def free_port() -> int:
 
 
 class BuiltinEngineProc:
-    """One `motor engine builtin` process."""
+    """One `python -m simengine` process (the command line the node agent uses)."""
 
     def __init__(self, log_dir: Path, *args: str, port: int | None = None, name: str = "engine") -> None:
         self.port = port or free_port()
@@ -42,7 +42,7 @@ class BuiltinEngineProc:
 
     def start(self, timeout: float = 60.0) -> BuiltinEngineProc:
         """Spawn the engine and wait for its READY line."""
-        cmd = [sys.executable, "-m", "deploy.cli", "engine", "builtin", "--port", str(self.port), *self.args]
+        cmd = [sys.executable, "-m", "simengine", "--port", str(self.port), *self.args]
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=log, start_new_session=True, env={**os.environ}

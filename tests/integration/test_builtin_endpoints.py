@@ -235,12 +235,13 @@ def test_bad_http_and_unknown_paths(eng: BuiltinEngineProc) -> None:
     assert status == 400 and "JSON" in orjson.loads(raw)["error"]["message"]
 
 
-def test_cli_rejects_bad_flags_with_a_message(tmp_path: Path) -> None:
+@pytest.mark.parametrize("program", [("simengine",), ("deploy.cli", "engine", "builtin")])
+def test_cli_rejects_bad_flags_with_a_message(program: tuple[str, ...]) -> None:
     import subprocess
     import sys
 
     r = subprocess.run(
-        [sys.executable, "-m", "deploy.cli", "engine", "builtin", "--port", "70000"],
+        [sys.executable, "-m", *program, "--port", "70000"],
         capture_output=True,
         text=True,
         timeout=60,

@@ -10,7 +10,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from nodeagent.builtin.faults import CRASH_EXIT_CODE, MID_STREAM_EXIT_CODE
+from simengine.injection import CRASH_EXIT_CODE, MID_STREAM_EXIT_CODE
 from tests.integration.builtin_proc import BuiltinEngineProc, http
 
 BODY = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 6}

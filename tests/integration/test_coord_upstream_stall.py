@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from coordinator.proxy import http1
 from coordinator.proxy.pool import UpstreamPool
 from coordinator.proxy.upstream import UpstreamError
+from http1 import wire
 
 REQUEST = b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\n{}"
 
@@ -25,7 +25,7 @@ async def silent_engine() -> tuple[asyncio.Server, int]:
         writer.write(
             b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
         )
-        writer.write(http1.chunk(b'data: {"choices": [{"text": "a"}]}\n\n'))
+        writer.write(wire.chunk(b'data: {"choices": [{"text": "a"}]}\n\n'))
         await writer.drain()
         try:
             await asyncio.sleep(30)

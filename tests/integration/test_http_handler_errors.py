@@ -12,8 +12,8 @@ from collections.abc import AsyncIterator
 import pytest
 
 from coordinator.proxy.server import ClientConn, ProxyServer, Request
-from nodeagent.builtin.httpserver import Request as EngineRequest
-from nodeagent.builtin.httpserver import Response, Router, json_response, start_server
+from simengine.httpserver import Request as EngineRequest
+from simengine.httpserver import Response, Router, json_response, start_server
 from tests.integration.rawhttp import closed_within, read_replies, request
 
 

@@ -6,16 +6,16 @@ import asyncio
 
 import pytest
 
-from nodeagent.builtin.engine import Engine, Job
-from nodeagent.builtin.faults import Faults
-from nodeagent.builtin.openai_api import ApiError, GenRequest, parse_completion
-from nodeagent.builtin.settings import EngineSettings, FaultSpec, Speeds
+from simengine.engine import Engine, Job
+from simengine.injection import Faults
+from simengine.openai_api import ApiError, GenRequest, parse_completion
+from simengine.options import EngineOptions, FaultSpec, Speeds
 
 SPEEDS = Speeds(ttft_base_ms=10, prefill_tokens_per_s=1000, itl_ms=5, itl_per_running_ms=1)
 
 
 def engine(**kw: object) -> Engine:
-    settings = EngineSettings(port=1, speeds=SPEEDS, **kw)  # type: ignore[arg-type]
+    settings = EngineOptions(port=1, speeds=SPEEDS, **kw)  # type: ignore[arg-type]
     return Engine(settings, Faults(settings.faults))
 
 

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from nodeagent.builtin.faults import FaultError, Faults
-from nodeagent.builtin.settings import FaultSpec
+from simengine.injection import FaultError, Faults
+from simengine.options import FaultSpec
 
 
 def test_patch_changes_only_named_fields() -> None:

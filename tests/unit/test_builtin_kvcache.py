@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from nodeagent.builtin.kvcache import BlockPool, block_hashes
+from simengine.kvcache import BlockPool, block_hashes
 
 
 def toks(n: int, base: str = "t") -> list[str]:

@@ -7,9 +7,9 @@ from typing import Any
 import orjson
 import pytest
 
-from nodeagent.builtin.openai_api import ApiError, parse_chat, parse_completion, parse_json
-from nodeagent.builtin.prompt import analyze
-from nodeagent.builtin.render import StreamFormat, full_body, usage
+from simengine.openai_api import ApiError, parse_chat, parse_completion, parse_json
+from simengine.prompt import analyze
+from simengine.render import StreamFormat, full_body, usage
 
 NAMES = ("motor-sim", "alias")
 CHAT = {"messages": [{"role": "user", "content": "hi"}]}

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nodeagent.builtin.textgen import (
+from simengine.textgen import (
     Sampling,
     context_of,
     context_of_ids,
@@ -15,7 +15,7 @@ from nodeagent.builtin.textgen import (
     plan_output,
     prompt_digest,
 )
-from nodeagent.builtin.tokenizer import render_chat, tokenize
+from simengine.tokenizer import render_chat, tokenize
 
 GREEDY = Sampling(temperature=0.0)
 SEEDED = Sampling(temperature=0.8, top_p=0.9, seed=7)

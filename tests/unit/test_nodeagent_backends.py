@@ -370,9 +370,7 @@ def test_builtin_command_line() -> None:
     assert argv == (
         "/py",
         "-m",
-        "deploy.cli",
-        "engine",
-        "builtin",
+        "simengine",
         "--host",
         "127.0.0.1",
         "--port",
@@ -389,6 +387,12 @@ def test_builtin_command_line() -> None:
         "--bootstrap-port",
         "9001",
     )
+
+
+def test_builtin_launcher_replaces_the_program_as_for_every_engine() -> None:
+    sec = section(engine_type="builtin", launcher=["/other/python", "-m", "simengine"])
+    argv = backend_for("builtin").launch(ctx(sec)).argv
+    assert argv[:5] == ("/other/python", "-m", "simengine", "--host", "10.0.0.5")
 
 
 @pytest.mark.parametrize(

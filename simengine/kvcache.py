@@ -11,7 +11,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from nodeagent.builtin.tokenizer import Token
+from simengine.tokenizer import Token
 
 
 @dataclass(slots=True)

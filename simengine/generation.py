@@ -14,12 +14,12 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from nodeagent.builtin.bootstrap import BootstrapClient, RoomRegistry
-from nodeagent.builtin.engine import Engine, Job
-from nodeagent.builtin.handoff import HandoffClient, HandoffStore, wants_remote_decode, wants_remote_prefill
-from nodeagent.builtin.httpserver import HandlerResult, Response
-from nodeagent.builtin.openai_api import ApiError, GenRequest
-from nodeagent.builtin.render import DONE, StreamFormat, full_body, usage
+from simengine.bootstrap import BootstrapClient, RoomRegistry
+from simengine.engine import Engine, Job
+from simengine.handoff import HandoffClient, HandoffStore, wants_remote_decode, wants_remote_prefill
+from simengine.httpserver import HandlerResult, Response
+from simengine.openai_api import ApiError, GenRequest
+from simengine.render import DONE, StreamFormat, full_body, usage
 
 log = logging.getLogger(__name__)
 

@@ -12,13 +12,13 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from nodeagent.builtin.faults import Faults
-from nodeagent.builtin.kvcache import Allocation, BlockPool
-from nodeagent.builtin.metrics import EngineMetrics
-from nodeagent.builtin.openai_api import ApiError, GenRequest
-from nodeagent.builtin.prompt import PromptInfo, analyze
-from nodeagent.builtin.settings import EngineSettings
-from nodeagent.builtin.textgen import Plan, natural_length, plan_output
+from simengine.injection import Faults
+from simengine.kvcache import Allocation, BlockPool
+from simengine.openai_api import ApiError, GenRequest
+from simengine.options import EngineOptions
+from simengine.prompt import PromptInfo, analyze
+from simengine.textgen import Plan, natural_length, plan_output
+from simengine.vllm_metrics import EngineMetrics
 
 
 class Job:
@@ -66,7 +66,7 @@ def _wake(fut: asyncio.Future[None]) -> None:
 class Engine:
     """Admission, timing and accounting for every request of one engine process."""
 
-    def __init__(self, settings: EngineSettings, faults: Faults) -> None:
+    def __init__(self, settings: EngineOptions, faults: Faults) -> None:
         self.settings = settings
         self.faults = faults
         self.pool = BlockPool(settings.num_blocks, settings.block_size)

@@ -5,7 +5,7 @@ created then), or an awaitable of one. Responses on a connection are written in 
 order, so pipelining is safe; streamed bodies use chunked encoding and respect transport
 back-pressure. When the client goes away, the running handler is cancelled so the engine
 can release what the request held. Heads are read within the engine's HTTP limits
-(`httpcore`: sizes, header and idle timeouts, the connection cap).
+(`http1`: sizes, header and idle timeouts, the connection cap).
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from typing import Any
 import orjson
 
 from core.config import HttpLimitsConfig
-from httpcore.conn import LimitedProtocol, Watchdog
-from httpcore.head import LimitExceeded
-from httpcore.metrics import HttpCollector
+from http1.conn import LimitedProtocol, Watchdog
+from http1.head import LimitExceeded
+from http1.metrics import HttpCollector
 
 log = logging.getLogger(__name__)
 
@@ -165,7 +165,7 @@ def _head(
 
 
 class HttpProtocol(LimitedProtocol):
-    """One client connection (heads read within the server's limits: `httpcore`)."""
+    """One client connection (heads read within the server's limits: `http1`)."""
 
     def __init__(
         self, router: Router, watchdog: Watchdog, on_error: Callable[[BaseException], Response] | None = None

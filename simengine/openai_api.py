@@ -13,8 +13,8 @@ from typing import Any
 
 import orjson
 
-from nodeagent.builtin.textgen import Sampling
-from nodeagent.builtin.tokenizer import TemplateError, render_chat
+from simengine.textgen import Sampling
+from simengine.tokenizer import TemplateError, render_chat
 
 _TYPES = {400: "BadRequestError", 404: "NotFoundError", 408: "RequestTimeout", 409: "ConflictError",
           410: "GoneError", 429: "TooManyRequests", 501: "NotImplementedError", 502: "BadGateway",

@@ -17,9 +17,9 @@ from typing import Any
 import aiohttp
 import orjson
 
-from nodeagent.builtin.engine import Engine, Job
-from nodeagent.builtin.kvcache import Allocation
-from nodeagent.builtin.openai_api import ApiError
+from simengine.engine import Engine, Job
+from simengine.kvcache import Allocation
+from simengine.openai_api import ApiError
 
 log = logging.getLogger(__name__)
 

@@ -19,20 +19,20 @@ from typing import Any
 
 import orjson
 
-from httpcore.metrics import HttpCollector
-from nodeagent.builtin.bootstrap import BootstrapClient, RoomRegistry
-from nodeagent.builtin.engine import Engine
-from nodeagent.builtin.faults import FaultError, Faults
-from nodeagent.builtin.generation import Generator, close_all
-from nodeagent.builtin.handoff import TRANSFER_PATH, HandoffClient, HandoffStore
-from nodeagent.builtin.httpserver import HandlerResult, Request, Response, Router, json_response, start_server
-from nodeagent.builtin.metaserver import MetaServer
-from nodeagent.builtin.metrics import CONTENT_TYPE
-from nodeagent.builtin.native_api import NativeApi
-from nodeagent.builtin.openai_api import ApiError, check_model, parse_chat, parse_completion, parse_json
-from nodeagent.builtin.render import models_body
-from nodeagent.builtin.settings import EngineSettings
-from nodeagent.builtin.tokenizer import count_tokens
+from http1.metrics import HttpCollector
+from simengine.bootstrap import BootstrapClient, RoomRegistry
+from simengine.engine import Engine
+from simengine.generation import Generator, close_all
+from simengine.handoff import TRANSFER_PATH, HandoffClient, HandoffStore
+from simengine.httpserver import HandlerResult, Request, Response, Router, json_response, start_server
+from simengine.injection import FaultError, Faults
+from simengine.metaserver import MetaServer
+from simengine.native_api import NativeApi
+from simengine.openai_api import ApiError, check_model, parse_chat, parse_completion, parse_json
+from simengine.options import EngineOptions
+from simengine.render import models_body
+from simengine.tokenizer import count_tokens
+from simengine.vllm_metrics import CONTENT_TYPE
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ def _on_error(exc: BaseException) -> Response:
 class BuiltinEngine:
     """One builtin engine: the simulated core plus its HTTP handlers."""
 
-    def __init__(self, settings: EngineSettings) -> None:
+    def __init__(self, settings: EngineOptions) -> None:
         self.settings = settings
         self.names = settings.model_names
         self.faults = Faults(settings.faults)
@@ -377,7 +377,7 @@ def _embedding(key: bytes, dim: int) -> list[float]:
     return [v / norm for v in vec]
 
 
-def serve(settings: EngineSettings) -> int:
+def serve(settings: EngineOptions) -> int:
     """Run one engine process until it is told to stop; returns the exit code."""
     try:
         import uvloop

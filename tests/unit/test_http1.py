@@ -1,4 +1,4 @@
-"""httpcore's pure parts: path normalisation, the key check, request heads within limits."""
+"""http1's pure parts: path normalisation, the key check, request heads within limits."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import httptools
 import pytest
 
 from core.config import HttpLimitsConfig
-from httpcore.auth import Access, Guard, normalize_path, presented_keys
-from httpcore.head import HeadReader, LimitExceeded, head_budget
+from http1.auth import Access, Guard, normalize_path, presented_keys
+from http1.head import HeadReader, LimitExceeded, head_budget
 
 
 @pytest.mark.parametrize(

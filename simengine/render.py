@@ -10,7 +10,7 @@ from typing import Any
 
 import orjson
 
-from nodeagent.builtin.openai_api import GenRequest
+from simengine.openai_api import GenRequest
 
 DONE = b"data: [DONE]\n\n"
 

@@ -27,7 +27,7 @@ from typing import cast
 import httptools
 
 from core.config import HttpLimitsConfig
-from httpcore.head import HeadReader, LimitExceeded
+from http1.head import HeadReader, LimitExceeded
 
 log = logging.getLogger(__name__)
 
@@ -202,7 +202,7 @@ class Watchdog:
             self._lingering.pop(conn.transport, None)
 
     def rejected(self, status: int, code: str) -> None:
-        """Count a refusal by status and code (`httpcore.metrics`)."""
+        """Count a refusal by status and code (`http1.metrics`)."""
         key = (status, code)
         self.rejects[key] = self.rejects.get(key, 0) + 1
         log.debug("refused a request: %d %s", status, code)

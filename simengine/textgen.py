@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
-from nodeagent.builtin.tokenizer import Token
+from simengine.tokenizer import Token
 
 _WORD_TEXT = """
     the of and to in is that it for as with was on be by at this from are have or an which

@@ -1,7 +1,7 @@
-"""Settings of one builtin engine process: identity, capacity, speeds and injected faults.
+"""Options of one builtin engine process: identity, capacity, speeds and injected faults.
 
-Everything here comes from the command line (`motor engine builtin ...`); the server reads
-it once at start. Faults can change later through `POST /admin/faults` (see `faults.py`).
+Everything here comes from the command line (`cli.py`); the server reads
+it once at start. Faults can change later through `POST /admin/faults` (see `injection.py`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ FT_STATUSES: tuple[str, ...] = ("healthy", "unhealthy", "dead")
 
 @dataclass(frozen=True, slots=True)
 class Speeds:
-    """The timing model; ignored when `EngineSettings.fast` is set."""
+    """The timing model; ignored when `EngineOptions.fast` is set."""
 
     ttft_base_ms: float = 5.0  # fixed cost of a prefill step
     prefill_tokens_per_s: float = 20000.0  # uncached prompt tokens computed per second
@@ -46,7 +46,7 @@ class FaultSpec:
 
 
 @dataclass(frozen=True, slots=True)
-class EngineSettings:
+class EngineOptions:
     """Everything one builtin engine process needs to know."""
 
     port: int

@@ -16,7 +16,7 @@ import random
 import sys
 from typing import Any
 
-from nodeagent.builtin.settings import FT_STATUSES, FaultSpec
+from simengine.options import FT_STATUSES, FaultSpec
 
 log = logging.getLogger(__name__)
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from nodeagent.builtin.kvcache import block_hashes
-from nodeagent.builtin.textgen import Context, context_of, context_of_ids, prompt_digest
-from nodeagent.builtin.tokenizer import tokenize
+from simengine.kvcache import block_hashes
+from simengine.textgen import Context, context_of, context_of_ids, prompt_digest
+from simengine.tokenizer import tokenize
 
 _MEMO_MAX_CHARS = 16384
 

@@ -19,9 +19,9 @@ from typing import Any
 import aiohttp
 import orjson
 
-from nodeagent.builtin.engine import Engine, Job
-from nodeagent.builtin.httpserver import Request, Response, Router, json_response
-from nodeagent.builtin.openai_api import ApiError, Bootstrap, parse_json
+from simengine.engine import Engine, Job
+from simengine.httpserver import Request, Response, Router, json_response
+from simengine.openai_api import ApiError, Bootstrap, parse_json
 
 log = logging.getLogger(__name__)
 

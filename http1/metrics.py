@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from httpcore.conn import Watchdog
+from http1.conn import Watchdog
 
 
 class HttpCollector(Collector):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import httptools
 import pytest
 
-from coordinator.proxy import http1
+from http1 import wire
 
 
 def parse(raw: bytes) -> tuple[int, dict[bytes, bytes], bytes]:
@@ -25,7 +25,7 @@ def parse(raw: bytes) -> tuple[int, dict[bytes, bytes], bytes]:
 
 @pytest.mark.parametrize("keep_alive", [True, False])
 def test_simple_response_round_trips(keep_alive: bool) -> None:
-    raw = http1.simple_response(404, b'{"x":1}', keep_alive=keep_alive, extra=[(b"x-request-id", b"r1")])
+    raw = wire.simple_response(404, b'{"x":1}', keep_alive=keep_alive, extra=[(b"x-request-id", b"r1")])
     status, headers, body = parse(raw)
     assert (status, body) == (404, b'{"x":1}')
     assert headers[b"content-length"] == b"7"
@@ -34,8 +34,8 @@ def test_simple_response_round_trips(keep_alive: bool) -> None:
 
 
 def test_chunked_head_and_chunks_round_trip() -> None:
-    head = http1.build_head(200, [(b"content-type", http1.SSE_CT)], content_length=None, keep_alive=True)
-    raw = head + http1.chunk(b"data: a\n\n") + http1.chunk(b"data: [DONE]\n\n") + http1.LAST_CHUNK
+    head = wire.build_head(200, [(b"content-type", wire.SSE_CT)], content_length=None, keep_alive=True)
+    raw = head + wire.chunk(b"data: a\n\n") + wire.chunk(b"data: [DONE]\n\n") + wire.LAST_CHUNK
     status, headers, body = parse(raw)
     assert status == 200
     assert headers[b"transfer-encoding"] == b"chunked"
@@ -51,9 +51,9 @@ def test_forwardable_drops_hop_by_hop_and_framing() -> None:
         (b"x-request-id", b"engine-id"),
         (b"server", b"uvicorn"),
     ]
-    assert http1.forwardable(given) == [(b"content-type", b"application/json"), (b"server", b"uvicorn")]
+    assert wire.forwardable(given) == [(b"content-type", b"application/json"), (b"server", b"uvicorn")]
 
 
 def test_unknown_status_still_has_a_line() -> None:
-    assert http1.status_line(599) == b"HTTP/1.1 599 Unknown\r\n"
-    assert http1.status_line(429) == b"HTTP/1.1 429 Too Many Requests\r\n"
+    assert wire.status_line(599) == b"HTTP/1.1 599 Unknown\r\n"
+    assert wire.status_line(429) == b"HTTP/1.1 429 Too Many Requests\r\n"
