@@ -1,11 +1,11 @@
 """A server connection read within `HttpLimitsConfig`, and the watchdog that sweeps them all.
 
-`LimitedProtocol` owns the transport, the httptools parser and the head reader; a subclass
-serves the requests (`on_body`, `on_message_complete`, its dispatch) and shapes error bodies
-(`error_response`). The `Watchdog` (one a server) admits connections up to the cap, answers
-the rest 503, and sweeps a few times a second for heads that take too long (408) and
-keep-alive connections idle too long (closed): a table swept costs nothing per request, a
-timer per connection would.
+`LimitedProtocol` owns the transport, the httptools parser and the head reader;
+`server.ClientConn` serves the requests (`on_body`, `on_message_complete`, the handler) and
+shapes error bodies (`error_response`). The `Watchdog` (one a server) admits connections up
+to the cap, answers the rest 503, and sweeps a few times a second for heads that take too
+long (408) and keep-alive connections idle too long (closed): a table swept costs nothing per
+request, a timer per connection would.
 
 A client's EOF closes its connection (asyncio's default): a client that goes away aborts its
 request, which is how an engine learns to stop generating for it.

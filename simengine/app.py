@@ -20,17 +20,18 @@ from typing import Any
 import orjson
 
 from http1.metrics import HttpCollector
+from http1.server import Request, Server
 from simengine.bootstrap import BootstrapClient, RoomRegistry
 from simengine.engine import Engine
 from simengine.generation import Generator, close_all
 from simengine.handoff import TRANSFER_PATH, HandoffClient, HandoffStore
-from simengine.httpserver import HandlerResult, Request, Response, Router, json_response, start_server
 from simengine.injection import FaultError, Faults
 from simengine.metaserver import MetaServer
 from simengine.native_api import NativeApi
 from simengine.openai_api import ApiError, check_model, parse_chat, parse_completion, parse_json
 from simengine.options import EngineOptions
 from simengine.render import models_body
+from simengine.router import HandlerResult, Response, Router, json_response, start_server
 from simengine.tokenizer import count_tokens
 from simengine.vllm_metrics import CONTENT_TYPE
 
@@ -40,11 +41,12 @@ VERSION = "0.1.0-builtin"
 MAX_EMBEDDING_DIM = 8192
 
 
-def _on_error(exc: BaseException) -> Response:
-    # The server logs every 5xx with the request's id.
+def _on_error(exc: Exception) -> Response | None:
+    # An ApiError is the engine's answer; anything else is a bug: the server core answers 500
+    # and logs it (as it logs a 5xx ApiError) with the request's id.
     if isinstance(exc, ApiError):
         return Response(exc.status, exc.body())
-    return Response(500, ApiError(500, f"internal error: {type(exc).__name__}: {exc}").body())
+    return None
 
 
 class BuiltinEngine:
@@ -62,7 +64,7 @@ class BuiltinEngine:
         self.started = int(time.time())
         self.snapshot_state = "running"  # running | suspended | unlocked
         self._stop = asyncio.Event()
-        self._servers: list[asyncio.Server] = []
+        self._servers: list[Server] = []
 
     # ------------------------------------------------------------------ routing
 
@@ -166,7 +168,7 @@ class BuiltinEngine:
         return Response(200, models_body(self.names, self.started, self.settings.max_model_len))
 
     def model_one(self, req: Request) -> Response:
-        name = req.path[len("/v1/models/") :]
+        name = req.raw_path[len(b"/v1/models/") :].decode("latin-1")
         if name not in self.names:
             raise ApiError(404, f"The model `{name}` does not exist.", param="model")
         data = orjson.loads(models_body((name,), self.started, self.settings.max_model_len))["data"][0]
@@ -344,7 +346,7 @@ class BuiltinEngine:
 
     async def close(self) -> None:
         for server in self._servers:
-            server.close()
+            await server.stop()
         await close_all(self.gen)
         await self.metaserver.close()
         self._servers.clear()

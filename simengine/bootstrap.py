@@ -19,9 +19,10 @@ from typing import Any
 import aiohttp
 import orjson
 
+from http1.server import Request
 from simengine.engine import Engine, Job
-from simengine.httpserver import Request, Response, Router, json_response
 from simengine.openai_api import ApiError, Bootstrap, parse_json
+from simengine.router import Response, Router, json_response
 
 log = logging.getLogger(__name__)
 

@@ -17,9 +17,9 @@ from typing import Any
 from simengine.bootstrap import BootstrapClient, RoomRegistry
 from simengine.engine import Engine, Job
 from simengine.handoff import HandoffClient, HandoffStore, wants_remote_decode, wants_remote_prefill
-from simengine.httpserver import HandlerResult, Response
 from simengine.openai_api import ApiError, GenRequest
 from simengine.render import DONE, StreamFormat, full_body, usage
+from simengine.router import HandlerResult, Response
 
 log = logging.getLogger(__name__)
 

@@ -14,8 +14,8 @@ from typing import Any
 import aiohttp
 import orjson
 
-from simengine.httpserver import Response
 from simengine.openai_api import ApiError
+from simengine.router import Response
 
 _REQUIRED = ("request_id", "remote_engine_id", "remote_host", "remote_port")
 

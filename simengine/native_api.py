@@ -27,9 +27,10 @@ from typing import Any
 
 import orjson
 
+from http1.server import Request
 from simengine.generation import Generator
-from simengine.httpserver import HandlerResult, Request, Response, json_response
 from simengine.openai_api import ApiError, check_model, parse_completion, parse_json
+from simengine.router import HandlerResult, Response, json_response
 from simengine.tokenizer import TemplateError, count_tokens, render_chat, tokenize
 
 PIECE = 7  # bytes of one token id: the marker byte keeps ids below 2**64 (JSON-safe for orjson)

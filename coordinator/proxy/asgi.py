@@ -10,8 +10,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from coordinator.proxy.server import ClientConn, Request
 from http1 import wire
+from http1.server import ClientConn, Request
 
 ASGIApp = Any
 

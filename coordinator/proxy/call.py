@@ -15,9 +15,9 @@ from typing import Any
 
 from coordinator.anthropic_stream import StreamTranslator
 from coordinator.proxy.resume import Progress, StreamSplicer
-from coordinator.proxy.server import ClientConn, Request
 from coordinator.table import Endpoint
 from http1 import wire
+from http1.server import ClientConn, Request
 
 # Body fields that steer an engine's identity or P/D transfer: only the coordinator sets them
 # (a client's `rid` would pick the engine's request id; its `kv_transfer_params` or

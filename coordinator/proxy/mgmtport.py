@@ -11,8 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 from coordinator.proxy.asgi import serve_asgi
-from coordinator.proxy.server import ClientConn, ProxyServer, Request
+from coordinator.proxy.server import ProxyServer
 from core.config import HttpLimitsConfig
+from http1.server import ClientConn, Request
 
 
 class MgmtOnly:

@@ -20,8 +20,8 @@ from coordinator.adapters import sglang
 from coordinator.endpoint import Endpoint, Plan
 from coordinator.policies import RequestInfo
 from coordinator.proxy.call import RESERVED, Call, Retry, client_request_id
-from coordinator.proxy.server import ClientConn, Request
 from core.events import Role
+from http1.server import ClientConn, Request
 
 if TYPE_CHECKING:
     from coordinator.proxy.app import ProxyApp

@@ -11,9 +11,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from coordinator.proxy.server import ClientConn, ProxyServer, Request
-from simengine.httpserver import Request as EngineRequest
-from simengine.httpserver import Response, Router, json_response, start_server
+from coordinator.proxy.server import ProxyServer
+from http1.server import ClientConn, Request
+from simengine.router import Response, Router, json_response, start_server
 from tests.integration.rawhttp import closed_within, read_replies, request
 
 
@@ -46,7 +46,7 @@ async def test_the_coordinator_answers_500_and_keeps_serving(caplog: pytest.LogC
     server = ProxyServer(_coord_handler, max_body=1024)
     await server.start("127.0.0.1", 0)
     try:
-        with caplog.at_level(logging.ERROR, logger="coordinator.proxy.server"):
+        with caplog.at_level(logging.ERROR, logger="http1.server"):
             assert await _pipelined(server.port, ["/ok", "/boom", "/ok", "/boom", "/ok"]) == [
                 200,
                 500,
@@ -68,10 +68,10 @@ async def test_the_coordinator_answers_500_and_keeps_serving(caplog: pytest.LogC
 
 
 def _engine_router() -> Router:
-    def boom(req: EngineRequest) -> Response:
+    def boom(req: Request) -> Response:
         raise KeyError("a bug in a handler")
 
-    async def aboom(req: EngineRequest) -> Response:
+    async def aboom(req: Request) -> Response:
         await asyncio.sleep(0)
         raise ValueError("a bug in an async handler")
 
@@ -89,12 +89,14 @@ def _engine_router() -> Router:
 
 async def test_the_engine_answers_500_and_keeps_serving(caplog: pytest.LogCaptureFixture) -> None:
     server = await start_server(_engine_router(), "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
+    port = server.port
     try:
         with caplog.at_level(logging.ERROR):
             got = await _pipelined(port, ["/ok", "/boom", "/ok", "/aboom", "/ok"])
         assert got == [200, 500, 200, 500, 200]
         assert sum(1 for r in caplog.records if "failed" in r.getMessage()) == 2
+        # Counted as the coordinator counts them (`motor_engine_http_rejected_total`).
+        assert server.watchdog is not None and server.watchdog.rejects[(500, "internal_error")] == 2
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(request("GET", "/stream", close=False))
         closed, data = await closed_within(reader, 5.0)
@@ -103,5 +105,4 @@ async def test_the_engine_answers_500_and_keeps_serving(caplog: pytest.LogCaptur
         assert b"data: one" in data
         assert await _pipelined(port, ["/ok"]) == [200]
     finally:
-        server.close()
-        await server.wait_closed()
+        await server.stop()

@@ -1,0 +1,372 @@
+"""The HTTP/1.1 server core (asyncio Protocol + httptools) that every `/v1` port runs: the
+coordinator's proxy and management ports, the builtin engine's business and bootstrap ports.
+Each server brings one request handler and the shape of its error bodies.
+
+The handler is called as `handler(conn, req)`, one request at a time and in order (pipelining
+is safe). It answers by writing to `conn` (`send`; `write` and `drain` for a stream) and returns
+None when it answered at once (no task is made; the next pipelined request is served in the same
+callback) or an awaitable, which the connection runs as one task (`conn.task`). A client that
+goes away cancels that task, so what the request held is released (an engine stops generating,
+a proxy closes its engine connection and never reuses it). A handler that raises gets its
+request answered 500 with one log line naming it, and the connection keeps serving; if part of
+the answer was already written, the connection is closed instead. Heads are read within the
+server's `HttpLimitsConfig` (`http1.conn`); a body over `max_body` is dropped as it arrives and
+the request is marked `too_large` for the handler to refuse.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+from core.config import HttpLimitsConfig
+from http1 import wire
+from http1.auth import normalize_path
+from http1.conn import LimitedProtocol, Watchdog
+
+log = logging.getLogger(__name__)
+
+MAX_PIPELINED = 32  # pause reading past this many requests queued on one connection
+
+
+class Request:
+    """One parsed request; header names are lower-case bytes.
+
+    `path` is the request target's path percent-decoded and normalised (`http1.auth`): the
+    path every check and every route of the coordinator sees. `raw_path` is as sent.
+    """
+
+    __slots__ = (
+        "body",
+        "headers",
+        "keep_alive",
+        "method",
+        "path",
+        "query",
+        "raw_path",
+        "rid",
+        "too_large",
+        "url",
+    )
+
+    def __init__(
+        self,
+        method: bytes,
+        url: bytes,
+        headers: dict[bytes, bytes],
+        body: bytes,
+        keep_alive: bool,
+        too_large: bool,
+    ) -> None:
+        self.method = method
+        self.url = url
+        q = url.find(b"?")
+        self.raw_path = url if q < 0 else url[:q]
+        self.path = _normal(self.raw_path)
+        self.query = b"" if q < 0 else url[q + 1 :]
+        self.headers = headers
+        self.body = body
+        self.keep_alive = keep_alive
+        self.too_large = too_large
+        self.rid: str | None = None  # the request id the handler gave it, for log lines
+
+    def header(self, name: bytes) -> str | None:
+        """A header value by lower-case name."""
+        value = self.headers.get(name)
+        return value.decode("latin-1") if value is not None else None
+
+    def query_params(self) -> dict[str, str]:
+        """The query string as a dict (last value wins)."""
+        from urllib.parse import parse_qsl
+
+        return dict(parse_qsl(self.query.decode("latin-1"), keep_blank_values=True))
+
+
+def _normal(raw: bytes) -> bytes:
+    # The hot paths are already normal: skip the work for them.
+    if b"%" not in raw and b"//" not in raw and b"/." not in raw and raw.startswith(b"/"):
+        return raw if len(raw) == 1 or not raw.endswith(b"/") else raw.rstrip(b"/") or b"/"
+    return normalize_path(raw.decode("latin-1")).encode("latin-1", "replace")
+
+
+Handler = Callable[["ClientConn", Request], Awaitable[None] | None]
+# The server's error body for (status, message, code): every refusal and 500 carries it.
+ErrorBody = Callable[[int, str, str | None], bytes]
+
+
+class Relay(Protocol):
+    """A connection whose bytes go on to this client (a proxy's engine connection)."""
+
+    def pause(self) -> None:
+        """Stop reading: the client reads slower than this connection delivers."""
+
+    def resume(self) -> None:
+        """Read again."""
+
+    def close(self) -> None:
+        """The client went away."""
+
+
+class ClientConn(LimitedProtocol):
+    """One client connection."""
+
+    def __init__(self, handler: Handler, watchdog: Watchdog, *, max_body: int, error_body: ErrorBody) -> None:
+        super().__init__(watchdog)
+        self.handler = handler
+        self.max_body = max_body
+        self.error_body = error_body
+        self.queue: deque[Request] = deque()
+        self.task: asyncio.Task[None] | None = None  # the one running the handler, if it waits
+        self.paused_reading = False
+        self.write_paused = False
+        self.drain_waiter: asyncio.Future[None] | None = None
+        self.upstream: Relay | None = None  # paused with this client's writing, closed with it
+        self.peer: Any = None
+        self.sockname: Any = None
+        self.writes = 0  # transport writes so far: tells whether a failed request got any byte
+        self._headers: dict[bytes, bytes] = {}
+        self._body: list[bytes] = []
+        self._body_len = 0
+        self._too_large = False
+
+    # ------------------------------------------------------------------ transport
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.peer = transport.get_extra_info("peername")
+        self.sockname = transport.get_extra_info("sockname")
+        super().connection_made(transport)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        self.queue.clear()
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
+        up = self.upstream
+        if up is not None:
+            self.upstream = None
+            up.close()
+        if self.drain_waiter is not None and not self.drain_waiter.done():
+            self.drain_waiter.set_result(None)
+
+    def pause_writing(self) -> None:
+        # The client reads slower than we write: stop reading what we relay to it.
+        self.write_paused = True
+        if self.upstream is not None:
+            self.upstream.pause()
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        if self.upstream is not None:
+            self.upstream.resume()
+        if self.drain_waiter is not None and not self.drain_waiter.done():
+            self.drain_waiter.set_result(None)
+
+    def error_response(self, status: int, message: str, code: str) -> bytes:
+        return wire.simple_response(status, self.error_body(status, message, code), keep_alive=False)
+
+    def busy(self) -> bool:
+        return self.task is not None or bool(self.queue)
+
+    # ------------------------------------------------------------------ parser callbacks
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._headers = {}
+        self._body = []
+        self._body_len = 0
+        self._too_large = False
+
+    def headers_done(self, headers: dict[bytes, bytes]) -> None:
+        self._headers = headers
+        cl = headers.get(b"content-length")
+        if cl is not None and cl.isdigit() and int(cl) > self.max_body:
+            self._too_large = True
+        expect = headers.get(b"expect")
+        if expect is not None and expect.lower() == b"100-continue" and self.transport is not None:
+            if self._too_large:
+                # Refuse before the client sends the body; it may not send it at all.
+                self.reject(413, f"request body over the limit of {self.max_body} bytes", "body_too_large")
+            elif not self.busy():
+                self.transport.write(wire.CONTINUE_100)
+
+    def on_body(self, body: bytes) -> None:
+        super().on_body(body)
+        if self._too_large:
+            return
+        self._body_len += len(body)
+        if self._body_len > self.max_body:
+            self._too_large = True
+            self._body = []
+            return
+        self._body.append(body)
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        if self.closed:
+            return  # an earlier request on this connection ended it
+        body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
+        req = Request(
+            self.parser.get_method(),
+            self.head.url,
+            self._headers,
+            body,
+            self.parser.should_keep_alive(),
+            self._too_large,
+        )
+        self._body = []
+        if self.busy():
+            self.queue.append(req)
+            if len(self.queue) >= MAX_PIPELINED and self.transport is not None and not self.paused_reading:
+                self.paused_reading = True
+                self.transport.pause_reading()
+        else:
+            self._serve(req)
+
+    # ------------------------------------------------------------------ request loop
+
+    def _serve(self, req: Request | None) -> None:
+        # Requests answered inside the handler call are served back to back, without a task.
+        while req is not None:
+            before = self.writes
+            try:
+                pending = self.handler(self, req)
+            except Exception as exc:
+                self.on_handler_error(req, exc, answered=self.writes != before)
+            else:
+                if pending is not None:
+                    self.task = self.loop.create_task(self._finish(req, pending, before))
+                    return
+            req = self._after(req)
+
+    async def _finish(self, req: Request, pending: Awaitable[None], before: int) -> None:
+        try:
+            await pending
+        except asyncio.CancelledError:
+            return  # the client went away
+        except Exception as exc:
+            self.on_handler_error(req, exc, answered=self.writes != before)
+        self.task = None
+        self._serve(self._after(req))
+
+    def _after(self, req: Request) -> Request | None:
+        """`req` is answered: the next queued request, or None (closed, or idle from now)."""
+        if self.closed:
+            return None
+        if not req.keep_alive:
+            self.close()
+            return None
+        if self.queue:
+            return self.queue.popleft()
+        if self.paused_reading and self.transport is not None:
+            self.paused_reading = False
+            self.transport.resume_reading()
+        self.request_served()
+        return None
+
+    def on_handler_error(self, req: Request, exc: Exception, *, answered: bool) -> None:
+        """A handler raised: answer 500 if nothing was written yet, else close; log one line."""
+        self.watchdog.rejected(500, "internal_error")
+        self.log_failure(req, exc)
+        if answered:
+            # Whatever was written, the response is no longer in a known state.
+            self.close()
+            return
+        body = self.error_body(500, f"internal error ({type(exc).__name__}); request {req.rid or '-'}", None)
+        self.send(req, 500, body, extra=[(b"x-request-id", req.rid.encode())] if req.rid else None)
+
+    def log_failure(self, req: Request, exc: BaseException) -> None:
+        """The one error line of a failed request: its id, the client's id, the exception."""
+        client = req.headers.get(b"x-request-id")
+        log.error(
+            "request %s (%s %s, x-request-id %r) failed: %s: %s",
+            req.rid or "-", req.method.decode("latin-1"), req.raw_path.decode("latin-1")[:200],
+            client.decode("latin-1")[:128] if client else None, type(exc).__name__, exc, exc_info=exc,
+        )  # fmt: skip
+
+    # ------------------------------------------------------------------ writing
+
+    def write(self, data: bytes) -> None:
+        """Write raw bytes to the client (dropped when it is gone)."""
+        if not self.closed and not self.lingering and self.transport is not None:
+            self.writes += 1
+            self.transport.write(data)
+
+    async def drain(self) -> None:
+        """Wait until the client has read enough of what was written (or is gone)."""
+        if self.write_paused and not self.closed:
+            self.drain_waiter = self.loop.create_future()
+            await self.drain_waiter
+
+    def send(
+        self,
+        req: Request,
+        status: int,
+        body: bytes,
+        *,
+        content_type: bytes = wire.JSON_CT,
+        extra: list[tuple[bytes, bytes]] | None = None,
+    ) -> None:
+        """Write a complete response to `req` (a HEAD request gets the head alone)."""
+        data = wire.simple_response(
+            status, body, keep_alive=req.keep_alive, content_type=content_type, extra=extra
+        )
+        self.write(data[: len(data) - len(body)] if req.method == b"HEAD" and body else data)
+
+
+class Server:
+    """Owns the listening socket, its connections' watchdog (cap, timeouts) and the handler."""
+
+    def __init__(
+        self,
+        handler: Handler,
+        *,
+        error_body: ErrorBody,
+        max_body: int,
+        limits: HttpLimitsConfig | None = None,
+        fds_per_conn: int = 1,
+    ) -> None:
+        self.handler = handler
+        self.error_body = error_body
+        self.max_body = max_body
+        self.limits = limits or HttpLimitsConfig()
+        self.fds_per_conn = fds_per_conn  # descriptors a client connection may hold (for the cap)
+        self.watchdog: Watchdog | None = None
+        self.server: asyncio.Server | None = None
+
+    @property
+    def conns(self) -> set[LimitedProtocol]:
+        """The open client connections."""
+        return self.watchdog.conns if self.watchdog is not None else set()
+
+    async def start(self, host: str, port: int, *, sock: socket.socket | None = None) -> None:
+        """Listen on host:port (port 0 picks a free one), or on an already bound socket."""
+        loop = asyncio.get_running_loop()
+        watchdog = self.watchdog = Watchdog(self.limits, loop, fds_per_conn=self.fds_per_conn)
+        handler, max_body, error_body = self.handler, self.max_body, self.error_body
+
+        def factory() -> ClientConn:
+            return ClientConn(handler, watchdog, max_body=max_body, error_body=error_body)
+
+        if sock is not None:
+            self.server = await loop.create_server(factory, sock=sock, backlog=2048)
+        else:
+            self.server = await loop.create_server(factory, host, port, backlog=2048, reuse_address=True)
+
+    @property
+    def port(self) -> int:
+        """The port it listens on."""
+        assert self.server is not None
+        return int(self.server.sockets[0].getsockname()[1])
+
+    async def stop(self) -> None:
+        """Stop listening and close every client connection."""
+        if self.server is not None:
+            self.server.close()
+        if self.watchdog is not None:
+            self.watchdog.close_all()
+        if self.server is not None:
+            await self.server.wait_closed()
