@@ -36,8 +36,10 @@ MAX_PIPELINED = 32  # pause reading past this many requests queued on one connec
 class Request:
     """One parsed request; header names are lower-case bytes.
 
-    `path` is the request target's path percent-decoded and normalised (`http1.auth`): the
-    path every check and every route of the coordinator sees. `raw_path` is as sent.
+    `raw_path` is the request target's path as sent. `path` is the same percent-decoded and
+    normalised (`http1.auth`) on a server that checks keys by path (the coordinator: every
+    check and every route sees it); on one that matches paths as sent (an engine) it is
+    `raw_path`.
     """
 
     __slots__ = (
@@ -61,12 +63,13 @@ class Request:
         body: bytes,
         keep_alive: bool,
         too_large: bool,
+        normalize: bool = True,
     ) -> None:
         self.method = method
         self.url = url
         q = url.find(b"?")
         self.raw_path = url if q < 0 else url[:q]
-        self.path = _normal(self.raw_path)
+        self.path = _normal(self.raw_path) if normalize else self.raw_path
         self.query = b"" if q < 0 else url[q + 1 :]
         self.headers = headers
         self.body = body
@@ -114,11 +117,20 @@ class Relay(Protocol):
 class ClientConn(LimitedProtocol):
     """One client connection."""
 
-    def __init__(self, handler: Handler, watchdog: Watchdog, *, max_body: int, error_body: ErrorBody) -> None:
+    def __init__(
+        self,
+        handler: Handler,
+        watchdog: Watchdog,
+        *,
+        max_body: int,
+        error_body: ErrorBody,
+        normalize_paths: bool = True,
+    ) -> None:
         super().__init__(watchdog)
         self.handler = handler
         self.max_body = max_body
         self.error_body = error_body
+        self.normalize_paths = normalize_paths
         self.queue: deque[Request] = deque()
         self.task: asyncio.Task[None] | None = None  # the one running the handler, if it waits
         self.paused_reading = False
@@ -216,9 +228,10 @@ class ClientConn(LimitedProtocol):
             body,
             self.parser.should_keep_alive(),
             self._too_large,
+            self.normalize_paths,
         )
         self._body = []
-        if self.busy():
+        if self.task is not None or self.queue:
             self.queue.append(req)
             if len(self.queue) >= MAX_PIPELINED and self.transport is not None and not self.paused_reading:
                 self.paused_reading = True
@@ -228,19 +241,20 @@ class ClientConn(LimitedProtocol):
 
     # ------------------------------------------------------------------ request loop
 
-    def _serve(self, req: Request | None) -> None:
+    def _serve(self, req: Request) -> None:
         # Requests answered inside the handler call are served back to back, without a task.
-        while req is not None:
+        nxt: Request | None = req
+        while nxt is not None:
             before = self.writes
             try:
-                pending = self.handler(self, req)
+                pending = self.handler(self, nxt)
             except Exception as exc:
-                self.on_handler_error(req, exc, answered=self.writes != before)
+                self.on_handler_error(nxt, exc, answered=self.writes != before)
             else:
                 if pending is not None:
-                    self.task = self.loop.create_task(self._finish(req, pending, before))
+                    self.task = self.loop.create_task(self._finish(nxt, pending, before))
                     return
-            req = self._after(req)
+            nxt = self._after(nxt)
 
     async def _finish(self, req: Request, pending: Awaitable[None], before: int) -> None:
         try:
@@ -250,7 +264,9 @@ class ClientConn(LimitedProtocol):
         except Exception as exc:
             self.on_handler_error(req, exc, answered=self.writes != before)
         self.task = None
-        self._serve(self._after(req))
+        nxt = self._after(req)
+        if nxt is not None:
+            self._serve(nxt)
 
     def _after(self, req: Request) -> Request | None:
         """`req` is answered: the next queued request, or None (closed, or idle from now)."""
@@ -328,10 +344,12 @@ class Server:
         max_body: int,
         limits: HttpLimitsConfig | None = None,
         fds_per_conn: int = 1,
+        normalize_paths: bool = True,
     ) -> None:
         self.handler = handler
         self.error_body = error_body
         self.max_body = max_body
+        self.normalize_paths = normalize_paths  # `Request.path` normalised (see there)
         self.limits = limits or HttpLimitsConfig()
         self.fds_per_conn = fds_per_conn  # descriptors a client connection may hold (for the cap)
         self.watchdog: Watchdog | None = None
@@ -346,10 +364,17 @@ class Server:
         """Listen on host:port (port 0 picks a free one), or on an already bound socket."""
         loop = asyncio.get_running_loop()
         watchdog = self.watchdog = Watchdog(self.limits, loop, fds_per_conn=self.fds_per_conn)
-        handler, max_body, error_body = self.handler, self.max_body, self.error_body
+        handler, max_body, error_body, normalize = (
+            self.handler,
+            self.max_body,
+            self.error_body,
+            self.normalize_paths,
+        )
 
         def factory() -> ClientConn:
-            return ClientConn(handler, watchdog, max_body=max_body, error_body=error_body)
+            return ClientConn(
+                handler, watchdog, max_body=max_body, error_body=error_body, normalize_paths=normalize
+            )
 
         if sock is not None:
             self.server = await loop.create_server(factory, sock=sock, backlog=2048)

@@ -168,7 +168,7 @@ class BuiltinEngine:
         return Response(200, models_body(self.names, self.started, self.settings.max_model_len))
 
     def model_one(self, req: Request) -> Response:
-        name = req.raw_path[len(b"/v1/models/") :].decode("latin-1")
+        name = req.path[len(b"/v1/models/") :].decode("latin-1")
         if name not in self.names:
             raise ApiError(404, f"The model `{name}` does not exist.", param="model")
         data = orjson.loads(models_body((name,), self.started, self.settings.max_model_len))["data"][0]

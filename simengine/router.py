@@ -65,7 +65,7 @@ def json_response(obj: Any, status: int = 200) -> Response:
 class Router:
     """Exact (method, path) routes plus prefix routes for paths with a trailing parameter.
 
-    Paths are matched as sent (`Request.raw_path`), as an engine does."""
+    Paths are matched as sent (the engine's server does not normalise them), as an engine does."""
 
     def __init__(self) -> None:
         self._exact: dict[tuple[bytes, bytes], Handler] = {}
@@ -151,13 +151,13 @@ class Dispatch:
     def __call__(self, conn: ClientConn, req: Request) -> Awaitable[None] | None:
         """Answer `req` now and return None, or return what answers it later."""
         result: HandlerResult
-        handler = self.router.resolve(req.method, req.raw_path)
+        handler = self.router.resolve(req.method, req.path)
         if isinstance(handler, int) or handler is None:
             status = handler or 404
             text = (
                 "Not Found"
                 if status == 404
-                else f"method {req.method.decode('latin-1')} not allowed on {req.raw_path.decode('latin-1')}"
+                else f"method {req.method.decode('latin-1')} not allowed on {req.path.decode('latin-1')}"
             )
             result = Response(status, error_body(status, text))
         elif req.too_large:
@@ -197,17 +197,20 @@ class Dispatch:
 
 
 def _write_whole(conn: ClientConn, req: Request, resp: Response) -> None:
-    if conn.closed or conn.lingering:
+    # To the transport directly (`conn.write` once a part costs a call a token on this path).
+    t = conn.transport
+    if t is None or conn.closed or conn.lingering:
         return
+    conn.writes += 1
     if resp.parts is not None:
-        conn.write(_head(resp.status, resp.content_type, None, req.keep_alive, resp.headers))
+        t.write(_head(resp.status, resp.content_type, None, req.keep_alive, resp.headers))
         for part in resp.parts:
             if part:
-                conn.write(b"%x\r\n%b\r\n" % (len(part), part))
-        conn.write(b"0\r\n\r\n")
+                t.write(b"%x\r\n%b\r\n" % (len(part), part))
+        t.write(b"0\r\n\r\n")
     else:
         head = _head(resp.status, resp.content_type, len(resp.body), req.keep_alive, resp.headers)
-        conn.write(head if req.method == b"HEAD" else head + resp.body)
+        t.write(head if req.method == b"HEAD" else head + resp.body)
     if resp.on_sent is not None:
         resp.on_sent()
 
@@ -246,7 +249,13 @@ async def start_server(
 ) -> Server:
     """Listen on host:port (or an already bound socket) and serve `router` within `limits`;
     `collector` exports its connections and refusals."""
-    server = Server(Dispatch(router, on_error), error_body=error_body, max_body=max_body, limits=limits)
+    server = Server(
+        Dispatch(router, on_error),
+        error_body=error_body,
+        max_body=max_body,
+        limits=limits,
+        normalize_paths=False,
+    )
     await server.start(host, port, sock=sock)
     if collector is not None:
         assert server.watchdog is not None
