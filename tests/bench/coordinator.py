@@ -371,6 +371,8 @@ async def bench(args: argparse.Namespace) -> int:
                 "round_robin",
                 "--log-level",
                 "error",
+                "--prometheus-port",  # its default (29000) is taken when two benches share a host
+                str(free_port()),
             ],
             sport,
             tmp,
