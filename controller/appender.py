@@ -19,9 +19,9 @@ from collections.abc import Callable, Sequence
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
-from controller.decision import Decision
 from controller.fold import Fold
 from controller.metrics import ControllerMetrics
+from controller.rule_context import Decision
 from core import subjects
 from streams.definitions import MOTOR_STREAM
 from streams.errors import SequenceConflict, StreamsError

@@ -14,9 +14,9 @@ after their registration, its nodes are held out of new instances.
 
 from __future__ import annotations
 
-from controller.decision import Cause, Ctx, Decision
 from controller.instance_rules import terminate
-from controller.view import assemblable, is_borrowed, stop_outstanding
+from controller.rule_context import Cause, Ctx, Decision
+from controller.state_queries import assemblable, is_borrowed, stop_outstanding
 from core.config import EngineSection
 from core.events import InstanceAssembledData, InstanceMember, InstanceState, Role
 from core.state import InstanceRecord, NodeRecord

@@ -8,9 +8,9 @@ sat out `failover_hold`, and a precision alarm once the P/D group was restarted 
 
 from __future__ import annotations
 
-from controller.decision import Cause, Ctx, Decision
 from controller.instance_rules import CRASH_LOOP
-from controller.view import RESTART_LEVELS, START_EXHAUSTED, fault_instance, ready_since, start_for
+from controller.rule_context import Cause, Ctx, Decision
+from controller.state_queries import RESTART_LEVELS, START_EXHAUSTED, fault_instance, ready_since, start_for
 from core.state import InstanceRecord
 
 

@@ -10,11 +10,20 @@ from __future__ import annotations
 
 from controller.assembly import assemble
 from controller.cleanup import cleanup
-from controller.decision import Ctx, Decision
 from controller.instance_rules import reconcile, replace_cause
 from controller.liveness import liveness
+from controller.rule_context import Ctx, Decision
 from core.config import ClusterConfig
-from core.events import InstanceState, PrecisionAlarmRaisedData
+from core.events import (
+    FaultCleared,
+    FaultReported,
+    InstanceAssembled,
+    InstanceState,
+    InstanceStateChanged,
+    PrecisionAlarmCleared,
+    PrecisionAlarmRaisedData,
+    StartCommand,
+)
 from core.state import ClusterState
 
 __all__ = ["Decision", "decide"]
@@ -69,17 +78,16 @@ def decide(
 
 
 def _terminates(d: Decision) -> bool:
-    return d.event.type == "instance.state_changed" and getattr(d.event.data, "state", None) == TERMINATED  # type: ignore[attr-defined]
+    return isinstance(d.event, InstanceStateChanged) and d.event.data.state == TERMINATED
 
 
 def _frees(d: Decision) -> bool:
     """Changes which nodes are free or healthy, or which instance ScaleP2D may take."""
-    kinds = ("fault.cleared", "fault.reported", "precision.alarm_cleared")
-    return _terminates(d) or d.event.type in kinds  # type: ignore[attr-defined]
+    return _terminates(d) or isinstance(d.event, FaultCleared | FaultReported | PrecisionAlarmCleared)
 
 
 def _moves(d: Decision) -> bool:
-    return _terminates(d) or d.event.type in ("command.start", "instance.assembled")  # type: ignore[attr-defined]
+    return _terminates(d) or isinstance(d.event, StartCommand | InstanceAssembled)
 
 
 def _group(alarm: PrecisionAlarmRaisedData) -> set[int]:

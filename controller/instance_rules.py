@@ -14,8 +14,8 @@ fault). The count travels in the start command (`restarts`), so it is read from 
 
 from __future__ import annotations
 
-from controller.decision import Cause, Ctx, Decision
-from controller.view import (
+from controller.rule_context import Cause, Ctx, Decision
+from controller.state_queries import (
     REPLACE_LEVELS,
     RESTART_LEVELS,
     START_EXHAUSTED,
@@ -26,7 +26,7 @@ from controller.view import (
 from core.config import ControllerConfig
 from core.events import EndpointStatus, FaultLevel, InstanceMember, InstanceState
 from core.ids import derive_id
-from core.state import CommandRecord, InstanceRecord, NodeRecord
+from core.state import InstanceRecord, NodeRecord, StartRecord
 
 HB_MARK = "heartbeat"  # decisions whose reason carries this depend on heartbeats
 OUT_OF_SERVICE = frozenset({InstanceState.ISOLATED, InstanceState.RECOVERING})
@@ -90,7 +90,7 @@ def terminate(ctx: Ctx, inst: InstanceRecord, cause: Cause, *, isolate_first: bo
 # --------------------------------------------------------------------------- restart in place
 
 
-def _stopped_by_us(node: NodeRecord, start: CommandRecord, status_seq: int) -> bool:
+def _stopped_by_us(node: NodeRecord, start: StartRecord, status_seq: int) -> bool:
     """A stop we sent after the start, before the STOPPED it explains."""
     stop = node.stop_cmd
     return stop is not None and start.seq < stop.seq < status_seq
@@ -185,7 +185,7 @@ def _restart_stopped(ctx: Ctx, inst: InstanceRecord, nodes: list[NodeRecord], si
         wait = restart_delay(ctx.cfg.controller, crashes)
         if ctx.now - stop.ts < wait:
             continue  # backing off: crash `crashes` in a row
-        said = getattr(stop.data, "reason", "") or "no reason given"
+        said = stop.data.reason or "no reason given"
         cause = Cause(
             stop.seq, stop.data.command_id, f"restart: {node.node_id} stopped ({said}), starting it again"
         )
@@ -214,8 +214,8 @@ def crashes_in_a_row(ctx: Ctx, inst: InstanceRecord, nodes: list[NodeRecord], at
     return max(_restarts(c) for c in prevs) + 1
 
 
-def _restarts(cmd: CommandRecord | None) -> int:
-    return int(getattr(cmd.data, "restarts", 0)) if cmd is not None else 0
+def _restarts(cmd: StartRecord | None) -> int:
+    return cmd.data.restarts if cmd is not None else 0
 
 
 def _fail_over(
@@ -237,11 +237,11 @@ def _fail_over(
     return ctx.fault(fault_id, node_id, FaultLevel.L5, CRASH_LOOP, msg, inst.instance_id, cause)
 
 
-def _next_attempt(inst: InstanceRecord, prev: CommandRecord | None) -> int:
+def _next_attempt(inst: InstanceRecord, prev: StartRecord | None) -> int:
     """A start that led to ACTIVE resets the count; one that did not is a failed attempt."""
     if prev is None or inst.active_seq > prev.seq:
         return 1
-    return int(getattr(prev.data, "attempt", 1)) + 1
+    return prev.data.attempt + 1
 
 
 def _start_or_give_up(
@@ -249,7 +249,7 @@ def _start_or_give_up(
     inst: InstanceRecord,
     rank: int,
     node: NodeRecord,
-    prev: CommandRecord | None,
+    prev: StartRecord | None,
     cause: Cause,
     restarts: int | None = None,
 ) -> list[Decision]:
@@ -301,7 +301,7 @@ def _refresh(ctx: Ctx, inst: InstanceRecord, nodes: list[NodeRecord]) -> list[De
 # --------------------------------------------------------------------------- starts
 
 
-def _timed_out(ctx: Ctx, inst: InstanceRecord, node: NodeRecord, prev: CommandRecord) -> bool:
+def _timed_out(ctx: Ctx, inst: InstanceRecord, node: NodeRecord, prev: StartRecord) -> bool:
     if prev.status == "refused":
         return True
     # No sign of life: resend after start_timeout. Once the agent applied it and the engine
@@ -329,7 +329,7 @@ def _starts(ctx: Ctx, inst: InstanceRecord, nodes: list[NodeRecord]) -> list[Dec
             out.append(ctx.start(inst, rank, 1, Cause(node.registered_seq, node.registered_id, why)))
         elif inst.active_seq < prev.seq and not ready_since(node, prev) and _timed_out(ctx, inst, node, prev):
             how = f"refused: {prev.reason}" if prev.status == "refused" else "no READY in time"
-            attempt = int(getattr(prev.data, "attempt", 1))
+            attempt = prev.data.attempt
             why = f"start attempt {attempt} on {node.node_id} {how}: resending"
             out += _start_or_give_up(ctx, inst, rank, node, prev, Cause(prev.seq, prev.data.command_id, why))
     return out
@@ -358,7 +358,7 @@ def _settle(ctx: Ctx, inst: InstanceRecord, nodes: list[NodeRecord]) -> list[Dec
     bad: list[tuple[int, str, str]] = []
     for n, c in pairs:
         since = statuses_since(n, c)
-        for e in (ep.id for ep in getattr(c.data, "endpoints", ())):
+        for e in (ep.id for ep in c.data.endpoints):
             st = since.get(e)
             if st != EndpointStatus.READY:
                 label = st.value if st is not None else "unknown"

@@ -17,10 +17,10 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 
 from controller.appender import Appender
-from controller.decision import Decision
 from controller.fold import Fold
 from controller.leader import Lease, poll_every, renew_every
 from controller.metrics import ControllerMetrics
+from controller.rule_context import Decision
 from core import subjects
 from core.events import LeaderChanged, LeaderChangedData
 from core.ids import derive_id

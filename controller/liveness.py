@@ -10,9 +10,9 @@ the state from these logged decisions, and `motor replay --verify` knows not to 
 
 from __future__ import annotations
 
-from controller.decision import Cause, Ctx, Decision
 from controller.instance_rules import HB_MARK, terminate
-from controller.view import ready_since, start_for
+from controller.rule_context import Cause, Ctx, Decision
+from controller.state_queries import ready_since, start_for
 from core.events import InstanceState
 from core.state import InstanceRecord, NodeRecord
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from controller.view import start_for
+from controller.state_queries import start_for
 from core.state import ClusterState, InstanceRecord
 
 
@@ -51,7 +51,7 @@ def instance_view(state: ClusterState, inst: InstanceRecord) -> dict[str, Any]:
                 "ip": m.ip,
                 "registered": node is not None,
                 "last_heartbeat": node.last_hb_ts if node is not None else None,
-                "start_attempt": getattr(cmd.data, "attempt", None) if cmd is not None else None,
+                "start_attempt": cmd.data.attempt if cmd is not None else None,
                 "start_status": cmd.status if cmd is not None else None,
                 "endpoints": eps,
             }

@@ -10,11 +10,13 @@ decodable event never raises here (the folds still guard `apply` and count what 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, TypeVar
 
 import immutables
 
 from core.events import (
+    ALL_EVENTS,
+    CircuitChanged,
     CommandApplied,
     CommandRefused,
     EndpointStatus,
@@ -35,6 +37,7 @@ from core.events import (
     SnapshotCheckpoint,
     StartCommand,
     StopCommand,
+    StreamsDisrupted,
 )
 from core.fastreplace import replace
 from core.state import (
@@ -51,8 +54,26 @@ from core.state import (
 # `apply` makes the one copy of the state per event.
 Changes = dict[str, Any] | None
 Handler = Callable[[ClusterState, Any, int], Changes]
+H = TypeVar("H", bound=Handler)
+
+# event class -> its handler; filled by `handles`, checked complete below.
+HANDLERS: dict[type[EventBase], Handler] = {}
 
 
+def handles(*classes: type[EventBase]) -> Callable[[H], H]:
+    """Declare `fn` the handler of events of `classes` (one handler a class)."""
+
+    def deco(fn: H) -> H:
+        for cls in classes:
+            if cls in HANDLERS:
+                raise TypeError(f"{cls.__name__} has two handlers: {HANDLERS[cls].__name__}, {fn.__name__}")
+            HANDLERS[cls] = fn
+        return fn
+
+    return deco
+
+
+@handles(NodeRegistered)
 def _node_registered(s: ClusterState, ev: NodeRegistered, seq: int) -> Changes:
     d = ev.data
     old = s.nodes.get(d.node_id)
@@ -89,12 +110,14 @@ def _node_registered(s: ClusterState, ev: NodeRegistered, seq: int) -> Changes:
     return dict(nodes=s.nodes.set(d.node_id, rec), next_order=next_order)
 
 
+@handles(NodeDeregistered)
 def _node_deregistered(s: ClusterState, ev: NodeDeregistered, seq: int) -> Changes:
     if ev.data.node_id not in s.nodes:
         return None
     return dict(nodes=s.nodes.delete(ev.data.node_id))
 
 
+@handles(Heartbeat)
 def _heartbeat(s: ClusterState, ev: Heartbeat, seq: int) -> Changes:
     node = s.nodes.get(ev.data.node_id)
     if node is None:
@@ -106,54 +129,81 @@ def _heartbeat(s: ClusterState, ev: Heartbeat, seq: int) -> Changes:
     )
 
 
+@handles(StartCommand)
 def _start(s: ClusterState, ev: StartCommand, seq: int) -> Changes:
     d = ev.data
     node = s.nodes.get(d.node_id)
     if node is None:
         return None
-    rec = CommandRecord("start", d, ev.ts, seq)
+    rec = CommandRecord(d, ev.ts, seq)
     node = replace(node, start_cmd=rec, instance_id=d.instance_id)
     return dict(nodes=s.nodes.set(d.node_id, node))
 
 
+@handles(StopCommand)
 def _stop(s: ClusterState, ev: StopCommand, seq: int) -> Changes:
     d = ev.data
     node = s.nodes.get(d.node_id)
     if node is None:
         return None
-    return dict(nodes=s.nodes.set(d.node_id, replace(node, stop_cmd=CommandRecord("stop", d, ev.ts, seq))))
+    return dict(nodes=s.nodes.set(d.node_id, replace(node, stop_cmd=CommandRecord(d, ev.ts, seq))))
 
 
-def _command_result(s: ClusterState, ev: CommandApplied | CommandRefused, seq: int) -> Changes:
+@handles(CommandApplied)
+def _applied(s: ClusterState, ev: CommandApplied, seq: int) -> Changes:
     d = ev.data
     node = s.nodes.get(d.node_id)
     if node is None:
         return None
-    attr = "start_cmd" if d.verb == "start" else "stop_cmd"
-    cmd: CommandRecord | None = getattr(node, attr)
-    if cmd is None or cmd.data.command_id != d.command_id:
+    if d.verb == "start":
+        start = node.start_cmd
+        if start is None or start.data.command_id != d.command_id:
+            return None
+        node = replace(node, start_cmd=replace(start, status="applied", status_ts=ev.ts))
+        return dict(nodes=s.nodes.set(d.node_id, node))
+    stop = node.stop_cmd
+    if stop is None or stop.data.command_id != d.command_id:
         return None
-    if isinstance(ev, CommandApplied):
-        cmd = replace(cmd, status="applied", status_ts=ev.ts)
+    # The stop took effect: the endpoints it named (all of the node's if none) are STOPPED.
+    ids = stop.data.endpoint_ids or tuple(e.id for e in node.reg.endpoints)
+    status = dict(node.endpoint_status)
+    eseq = dict(node.endpoint_seq)
+    eid = dict(node.endpoint_event_id)
+    for e in ids:
+        status[e] = EndpointStatus.STOPPED
+        eseq[e] = seq
+        eid[e] = ev.id
+    node = replace(
+        node,
+        stop_cmd=replace(stop, status="applied", status_ts=ev.ts),
+        endpoint_status=status,
+        endpoint_seq=eseq,
+        endpoint_event_id=eid,
+    )
+    return dict(nodes=s.nodes.set(d.node_id, node))
+
+
+@handles(CommandRefused)
+def _refused(s: ClusterState, ev: CommandRefused, seq: int) -> Changes:
+    d = ev.data
+    node = s.nodes.get(d.node_id)
+    if node is None:
+        return None
+    why: dict[str, Any] = dict(status="refused", reason=f"{d.code}: {d.reason}", status_ts=ev.ts)
+    if d.verb == "start":
+        start = node.start_cmd
+        if start is None or start.data.command_id != d.command_id:
+            return None
+        node = replace(node, start_cmd=replace(start, **why))
     else:
-        cmd = replace(cmd, status="refused", reason=f"{ev.data.code}: {ev.data.reason}", status_ts=ev.ts)
-    changes: dict[str, Any] = {attr: cmd}
-    if d.verb == "stop" and isinstance(ev, CommandApplied):
-        stop = node.stop_cmd.data if node.stop_cmd else None
-        ids = getattr(stop, "endpoint_ids", ()) or tuple(e.id for e in node.reg.endpoints)
-        status = dict(node.endpoint_status)
-        eseq = dict(node.endpoint_seq)
-        eid = dict(node.endpoint_event_id)
-        for e in ids:
-            status[e] = EndpointStatus.STOPPED
-            eseq[e] = seq
-            eid[e] = ev.id
-        changes["endpoint_status"] = status
-        changes["endpoint_seq"] = eseq
-        changes["endpoint_event_id"] = eid
-    return dict(nodes=s.nodes.set(d.node_id, replace(node, **changes)))
+        stop = node.stop_cmd
+        if stop is None or stop.data.command_id != d.command_id:
+            return None
+        node = replace(node, stop_cmd=replace(stop, **why))
+    return dict(nodes=s.nodes.set(d.node_id, node))
 
 
+@handles(EndpointStatusChanged)
 def _endpoint_status(s: ClusterState, ev: EndpointStatusChanged, seq: int) -> Changes:
     d = ev.data
     node = s.nodes.get(d.node_id)
@@ -173,28 +223,33 @@ def _endpoint_status(s: ClusterState, ev: EndpointStatusChanged, seq: int) -> Ch
     return dict(nodes=s.nodes.set(d.node_id, node))
 
 
+@handles(FaultReported)
 def _fault_reported(s: ClusterState, ev: FaultReported, seq: int) -> Changes:
     rec = FaultRecord(ev.data, ev.ts, seq, ev.id)
     return dict(faults=s.faults.set(ev.data.fault_id, rec))
 
 
+@handles(FaultCleared)
 def _fault_cleared(s: ClusterState, ev: FaultCleared, seq: int) -> Changes:
     if ev.data.fault_id not in s.faults:
         return None
     return dict(faults=s.faults.delete(ev.data.fault_id))
 
 
+@handles(PrecisionAlarmRaised)
 def _alarm_raised(s: ClusterState, ev: PrecisionAlarmRaised, seq: int) -> Changes:
     rec = AlarmRecord(ev.data, ev.ts, seq, ev.id)
     return dict(alarms=s.alarms.set(ev.data.d_instance_id, rec))
 
 
+@handles(PrecisionAlarmCleared)
 def _alarm_cleared(s: ClusterState, ev: PrecisionAlarmCleared, seq: int) -> Changes:
     if ev.data.d_instance_id not in s.alarms:
         return None
     return dict(alarms=s.alarms.delete(ev.data.d_instance_id))
 
 
+@handles(SnapshotCheckpoint)
 def _snapshot(s: ClusterState, ev: SnapshotCheckpoint, seq: int) -> Changes:
     d = ev.data
     old = s.snapshots.get(d.node_id)
@@ -209,6 +264,7 @@ def _snapshot(s: ClusterState, ev: SnapshotCheckpoint, seq: int) -> Changes:
     return dict(snapshots=s.snapshots.set(d.node_id, rec))
 
 
+@handles(InstanceAssembled)
 def _assembled(s: ClusterState, ev: InstanceAssembled, seq: int) -> Changes:
     d = ev.data
     rec = InstanceRecord(
@@ -231,6 +287,7 @@ def _assembled(s: ClusterState, ev: InstanceAssembled, seq: int) -> Changes:
     )
 
 
+@handles(InstanceStateChanged)
 def _state_changed(s: ClusterState, ev: InstanceStateChanged, seq: int) -> Changes:
     d = ev.data
     inst = s.instances.get(d.instance_id)
@@ -263,6 +320,7 @@ def _state_changed(s: ClusterState, ev: InstanceStateChanged, seq: int) -> Chang
     return dict(instances=s.instances.set(d.instance_id, rec))
 
 
+@handles(LeaderChanged)
 def _leader(s: ClusterState, ev: LeaderChanged, seq: int) -> Changes:
     return dict(leader=ev.data, leader_ts=ev.ts)
 
@@ -278,6 +336,7 @@ def _ext_id(raw: Any) -> int | None:
     return None
 
 
+@handles(InstancesRefreshed)
 def _refreshed(s: ClusterState, ev: InstancesRefreshed, seq: int) -> Changes:
     # Any client with publish rights can write this event, and the coordinator validated only
     # what it wrote itself: an entry without a usable id is ignored, never a KeyError that
@@ -296,37 +355,20 @@ def _refreshed(s: ClusterState, ev: InstancesRefreshed, seq: int) -> Changes:
     return dict(external=external)
 
 
+@handles(CircuitChanged, StreamsDisrupted)
 def _routing_fact(s: ClusterState, ev: EventBase, seq: int) -> Changes:
     """A coordinator's circuit or stream outcome: history for `motor replay`, not lifecycle state."""
     return None
 
 
-HANDLERS: dict[str, Handler] = {
-    "node.registered": _node_registered,
-    "node.deregistered": _node_deregistered,
-    "node.heartbeat": _heartbeat,
-    "command.start": _start,
-    "command.stop": _stop,
-    "command.applied": _command_result,
-    "command.refused": _command_result,
-    "endpoint.status_changed": _endpoint_status,
-    "fault.reported": _fault_reported,
-    "fault.cleared": _fault_cleared,
-    "precision.alarm_raised": _alarm_raised,
-    "precision.alarm_cleared": _alarm_cleared,
-    "snapshot.checkpoint": _snapshot,
-    "instance.assembled": _assembled,
-    "instance.state_changed": _state_changed,
-    "controller.leader_changed": _leader,
-    "instances.refreshed": _refreshed,
-    "coordinator.circuit_changed": _routing_fact,
-    "coordinator.streams_disrupted": _routing_fact,
-}
+_unhandled = [cls.__name__ for cls in ALL_EVENTS if cls not in HANDLERS]
+if _unhandled:  # a new event class without a handler would stop every fold at its first event
+    raise TypeError(f"no reducer handler for {', '.join(_unhandled)}")
 
 
 def apply(state: ClusterState, event: EventBase, seq: int = 0) -> ClusterState:
     """Return the state after `event` (at stream sequence `seq`, 0 when unknown)."""
-    changes = HANDLERS[event.type](state, event, seq)  # type: ignore[attr-defined]
+    changes = HANDLERS[type(event)](state, event, seq)
     if changes is None:
         changes = {}
     changes["last_seq"] = max(state.last_seq, seq)

@@ -8,7 +8,7 @@ change costs O(log n) and old states stay valid). `apply` in `core.reducer` buil
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Generic, Literal, TypeVar
 
 import immutables
 
@@ -32,15 +32,24 @@ CommandStatus = Literal["pending", "applied", "refused"]
 PENDING_SNAPSHOT_PHASES = frozenset({SnapshotPhase.SUSPENDED, SnapshotPhase.CHECKPOINT_DONE})
 
 
+# A command record holds one verb's data: `StartRecord` or `StopRecord`.
+D = TypeVar("D", StartCommandData, StopCommandData)
+
+
 @dataclass(frozen=True, slots=True)
-class CommandRecord:
-    verb: Literal["start", "stop"]
-    data: StartCommandData | StopCommandData
+class CommandRecord(Generic[D]):
+    """A node's latest command of one verb, where it sits in the log, and what became of it."""
+
+    data: D
     ts: float
     seq: int
     status: CommandStatus = "pending"
     reason: str = ""
     status_ts: float | None = None
+
+
+StartRecord = CommandRecord[StartCommandData]
+StopRecord = CommandRecord[StopCommandData]
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,8 +63,8 @@ class NodeRecord:
     endpoint_reason: dict[int, str] = field(default_factory=dict)
     last_hb_ts: float | None = None
     load: tuple[EndpointLoad, ...] = ()
-    start_cmd: CommandRecord | None = None
-    stop_cmd: CommandRecord | None = None
+    start_cmd: StartRecord | None = None
+    stop_cmd: StopRecord | None = None
     # Where each endpoint status came from (stream seq and event id), so a decision can tell
     # a READY reported after its start command from a stale one and name what it answers.
     endpoint_seq: dict[int, int] = field(default_factory=dict)
@@ -167,11 +176,11 @@ def _dump(model: Any) -> Any:
     return model.model_dump(mode="json") if model is not None else None
 
 
-def _cmd_to(rec: CommandRecord | None) -> dict[str, Any] | None:
+def _cmd_to(rec: CommandRecord[Any] | None, verb: str) -> dict[str, Any] | None:
     if rec is None:
         return None
     return {
-        "verb": rec.verb,
+        "verb": verb,
         "data": _dump(rec.data),
         "ts": rec.ts,
         "seq": rec.seq,
@@ -181,12 +190,10 @@ def _cmd_to(rec: CommandRecord | None) -> dict[str, Any] | None:
     }
 
 
-def _cmd_from(raw: dict[str, Any] | None) -> CommandRecord | None:
+def _cmd_from(raw: dict[str, Any] | None, cls: type[D]) -> CommandRecord[D] | None:
     if raw is None:
         return None
-    cls = StartCommandData if raw["verb"] == "start" else StopCommandData
     return CommandRecord(
-        verb=raw["verb"],
         data=cls.model_validate(raw["data"]),
         ts=raw["ts"],
         seq=raw["seq"],
@@ -210,8 +217,8 @@ def state_to_dict(state: ClusterState) -> dict[str, Any]:
                 "endpoint_reason": {str(e): r for e, r in sorted(n.endpoint_reason.items())},
                 "last_hb_ts": n.last_hb_ts,
                 "load": [_dump(x) for x in n.load],
-                "start_cmd": _cmd_to(n.start_cmd),
-                "stop_cmd": _cmd_to(n.stop_cmd),
+                "start_cmd": _cmd_to(n.start_cmd, "start"),
+                "stop_cmd": _cmd_to(n.stop_cmd, "stop"),
                 "endpoint_seq": {str(e): q for e, q in sorted(n.endpoint_seq.items())},
                 "endpoint_event_id": {str(e): i for e, i in sorted(n.endpoint_event_id.items())},
                 "registered_id": n.registered_id,
@@ -277,8 +284,8 @@ def state_from_dict(raw: dict[str, Any]) -> ClusterState:
             endpoint_reason={int(e): r for e, r in n["endpoint_reason"].items()},
             last_hb_ts=n["last_hb_ts"],
             load=tuple(EndpointLoad.model_validate(x) for x in n["load"]),
-            start_cmd=_cmd_from(n["start_cmd"]),
-            stop_cmd=_cmd_from(n["stop_cmd"]),
+            start_cmd=_cmd_from(n["start_cmd"], StartCommandData),
+            stop_cmd=_cmd_from(n["stop_cmd"], StopCommandData),
             endpoint_seq={int(e): q for e, q in n.get("endpoint_seq", {}).items()},
             endpoint_event_id={int(e): i for e, i in n.get("endpoint_event_id", {}).items()},
             registered_id=n.get("registered_id", ""),

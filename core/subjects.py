@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from core.errors import SubjectError
 
@@ -23,47 +23,6 @@ ALL_HEARTBEATS = f"{HB}.>"
 _OURS = f"{PREFIX}."
 
 _TOKEN = re.compile(r"^[A-Za-z0-9_\-]+$")
-
-# event type -> subject kind; the entity comes from the event's data.
-_KIND_BY_TYPE = {
-    "node.registered": "node",
-    "node.deregistered": "node",
-    "command.applied": "node",
-    "command.refused": "node",
-    "endpoint.status_changed": "endpoint",
-    "fault.reported": "fault",
-    "fault.cleared": "fault",
-    "precision.alarm_raised": "precision",
-    "precision.alarm_cleared": "precision",
-    "snapshot.checkpoint": "snapshot",
-    "instance.assembled": "instance",
-    "instance.state_changed": "instance",
-    "controller.leader_changed": "controller",
-    "instances.refreshed": "refresh",
-    "coordinator.circuit_changed": "circuit",
-    "coordinator.streams_disrupted": "streams",
-}
-# The coordinator's fault decisions are about an endpoint: its node names the subject, or, for an
-# engine registered through the refresh API (no node), `ext-<instance id>`.
-_ENDPOINT_KINDS = frozenset({"circuit", "streams"})
-
-
-# event type -> (subject prefix, data attribute naming the entity): `matches`'s fast path for
-# the kinds `for_event` places this way; any other type is judged by `for_event` itself.
-_ENTITY_ATTR = {
-    "node": "node_id",
-    "endpoint": "node_id",
-    "fault": "node_id",
-    "snapshot": "node_id",
-    "instance": "instance_id",
-    "precision": "d_instance_id",
-}
-_PREFIX_BY_TYPE: dict[str, tuple[str, str]] = {
-    **{
-        t: (f"{EVT}.{kind}.", _ENTITY_ATTR[kind]) for t, kind in _KIND_BY_TYPE.items() if kind in _ENTITY_ATTR
-    },
-    "node.heartbeat": (f"{HB}.", "node_id"),
-}
 
 
 def check_token(value: str, what: str = "token") -> str:
@@ -157,45 +116,99 @@ def parse(subject: str) -> Parsed:
     raise SubjectError(f"malformed motor subject: {subject!r}")
 
 
+# --------------------------------------------------------------------------- placements
+# Each event class names where it is published (`EventBase.SUBJECT`) with one of these; the
+# entity comes from the event's data.
+
+
+class Placement(Protocol):
+    """Where events of one class are published, given their data."""
+
+    def subject(self, data: Any) -> str:
+        """The subject for this data; SubjectError when the data names no valid entity."""
+        ...
+
+    def holds(self, subject: str, data: Any) -> bool:
+        """Whether `subject` is this data's subject (cheap: every folded event is checked)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class ByField:
+    """`<prefix><entity><suffix>`, the entity named by one field of the data."""
+
+    prefix: str
+    field: str
+    suffix: str = ""
+    what: str = "entity"  # names the token in an error
+
+    def subject(self, data: Any) -> str:
+        entity = check_token(str(getattr(data, self.field)), self.what)
+        return f"{self.prefix}{entity}{self.suffix}"
+
+    def holds(self, subject: str, data: Any) -> bool:
+        return subject == f"{self.prefix}{getattr(data, self.field)}{self.suffix}"
+
+
+@dataclass(frozen=True, slots=True)
+class ByEndpoint:
+    """`motor.evt.<kind>.<node>`, or `ext-<instance id>` for an engine registered without a node
+    (the coordinator's decisions about an endpoint)."""
+
+    kind: str
+
+    def subject(self, data: Any) -> str:
+        return event(self.kind, endpoint_entity(data.node_id, data.instance_id))
+
+    def holds(self, subject: str, data: Any) -> bool:
+        try:
+            return subject == self.subject(data)
+        except SubjectError:
+            return True  # no subject to hold it to: not judged
+
+
+@dataclass(frozen=True, slots=True)
+class Fixed:
+    """One subject for every event of the class (there is one such entity)."""
+
+    value: str
+
+    def subject(self, data: Any) -> str:
+        return self.value
+
+    def holds(self, subject: str, data: Any) -> bool:
+        return subject == self.value
+
+
+def about(kind: str, field: str) -> ByField:
+    """`motor.evt.<kind>.<data.field>`."""
+    return ByField(f"{EVT}.{check_token(kind, 'kind')}.", field)
+
+
+def to_node(verb: str) -> ByField:
+    """`motor.cmd.<data.node_id>.<verb>`: a command addressed to one node."""
+    return ByField(f"{CMD}.", "node_id", f".{check_token(verb, 'verb')}", "node id")
+
+
+HEARTBEAT = ByField(f"{HB}.", "node_id", what="node id")
+
+
 def matches(subject: str, ev: Any) -> bool:
     """Whether `subject` is the one `ev` is published on (`for_event`), checked cheaply: every
-    event a reader folds passes here. A type `for_event` cannot place, or a subject outside
-    Motor's (another stream read the same way), is not judged."""
+    event a reader folds passes here. A subject outside Motor's (another stream read the same
+    way), or an object that names no placement, is not judged."""
     if not subject.startswith(_OURS):
         return True
-    etype: str = ev.type
-    rule = _PREFIX_BY_TYPE.get(etype)
-    if rule is not None:
-        return subject == f"{rule[0]}{getattr(ev.data, rule[1])}"
-    if etype in ("command.start", "command.stop"):
-        return subject == f"{CMD}.{ev.data.node_id}.{etype[8:]}"
     try:
-        return subject == for_event(ev)
-    except (SubjectError, AttributeError):
+        placement: Placement = ev.SUBJECT
+    except AttributeError:
         return True
+    return placement.holds(subject, ev.data)
 
 
 def for_event(ev: Any) -> str:
-    """The subject an event is published on, from its type and data."""
-    etype: str = ev.type
-    data = ev.data
-    if etype == "node.heartbeat":
-        return heartbeat(data.node_id)
-    if etype == "command.start":
-        return command(data.node_id, "start")
-    if etype == "command.stop":
-        return command(data.node_id, "stop")
-    if etype == "controller.leader_changed":
-        return LEADER
-    if etype == "instances.refreshed":
-        return REFRESH
-    kind = _KIND_BY_TYPE.get(etype)
-    if kind is None:
-        raise SubjectError(f"no subject for event type {etype!r}")
-    if kind in ("instance",):
-        return instance(data.instance_id)
-    if kind == "precision":
-        return precision(data.d_instance_id)
-    if kind in _ENDPOINT_KINDS:
-        return event(kind, endpoint_entity(data.node_id, data.instance_id))
-    return event(kind, data.node_id)
+    """The subject an event is published on: its class's `SUBJECT` placement of its data."""
+    placement: Placement | None = getattr(ev, "SUBJECT", None)
+    if placement is None:
+        raise SubjectError(f"no subject for event type {getattr(ev, 'type', type(ev).__name__)!r}")
+    return placement.subject(ev.data)

@@ -12,9 +12,9 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 
 from controller.appender import Appender, Outcome
-from controller.decision import Cause, Ctx, Decision
 from controller.fold import Fold
 from controller.metrics import ControllerMetrics
+from controller.rule_context import Cause, Ctx, Decision
 from controller.service import ControllerService
 from core.config import config_from_dict
 from core.events import (

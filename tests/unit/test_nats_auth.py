@@ -32,7 +32,9 @@ from tests.unit.factories import registered
 
 
 def _fake(etype: str, node: str = "n1", iid: int = 4) -> Any:
-    return SimpleNamespace(type=etype, data=SimpleNamespace(node_id=node, instance_id=iid, d_instance_id=iid))
+    """An event of type `etype` whose data names every entity field any placement reads."""
+    data = SimpleNamespace(node_id=node, instance_id=iid, d_instance_id=iid)
+    return SimpleNamespace(type=etype, SUBJECT=EVENT_CLASSES[etype].SUBJECT, data=data)
 
 
 @pytest.mark.parametrize("etype", sorted(EVENT_CLASSES))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from core.events import EndpointStatus, FaultLevel, Role
-from core.state import AlarmRecord, ClusterState, CommandRecord, FaultRecord, InstanceRecord, NodeRecord
+from core.state import AlarmRecord, ClusterState, FaultRecord, InstanceRecord, NodeRecord, StartRecord
 
 # Restart the engines in place (isolate, stop, start); the instance keeps its nodes.
 RESTART_LEVELS = frozenset({FaultLevel.L3, FaultLevel.L4})
@@ -16,7 +16,7 @@ REPLACE_LEVELS = frozenset({FaultLevel.L5, FaultLevel.L6})
 START_EXHAUSTED = "StartRetriesExhausted"
 
 
-def start_for(node: NodeRecord, instance_id: int) -> CommandRecord | None:
+def start_for(node: NodeRecord, instance_id: int) -> StartRecord | None:
     """The node's latest start command if it was for this instance."""
     cmd = node.start_cmd
     if cmd is None or cmd.data.instance_id != instance_id:
@@ -24,11 +24,11 @@ def start_for(node: NodeRecord, instance_id: int) -> CommandRecord | None:
     return cmd
 
 
-def start_endpoint_ids(cmd: CommandRecord) -> tuple[int, ...]:
-    return tuple(e.id for e in getattr(cmd.data, "endpoints", ()))
+def start_endpoint_ids(cmd: StartRecord) -> tuple[int, ...]:
+    return tuple(e.id for e in cmd.data.endpoints)
 
 
-def ready_since(node: NodeRecord, cmd: CommandRecord) -> bool:
+def ready_since(node: NodeRecord, cmd: StartRecord) -> bool:
     """Every endpoint the start named reported READY after that start."""
     ids = start_endpoint_ids(cmd)
     return bool(ids) and all(
@@ -37,7 +37,7 @@ def ready_since(node: NodeRecord, cmd: CommandRecord) -> bool:
     )
 
 
-def statuses_since(node: NodeRecord, cmd: CommandRecord) -> dict[int, EndpointStatus]:
+def statuses_since(node: NodeRecord, cmd: StartRecord) -> dict[int, EndpointStatus]:
     """Endpoint statuses reported after the start (older ones say nothing about it)."""
     return {
         e: node.endpoint_status[e]

@@ -1,4 +1,6 @@
-"""What `decide` returns: the event to append, with a derived id and the entity key to guard.
+"""The vocabulary of the controller's rules: what a rule looks at (`Ctx`: the state, the config,
+the given time), what it answers (`Cause`) and what it returns (`Decision`: the event to
+append, with a derived id and the entity key to guard), built by `Ctx`'s event builders.
 
 A decision's id is `derive_id` of what it answers, never random: the same decision made twice
 (a retry, a second controller, `motor replay --verify`) has the same `Nats-Msg-Id`, so
@@ -9,14 +11,13 @@ last sequence it folded for the decision's own subject (`Decision.subject`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
-from controller.view import Index, build_index
+from controller.state_queries import Index, build_index
 from core import subjects
 from core.config import ClusterConfig
 from core.events import (
+    AnyEvent,
     CausedBy,
-    EventBase,
     FaultCleared,
     FaultClearedData,
     FaultLevel,
@@ -42,7 +43,7 @@ from core.state import ClusterState, InstanceRecord, NodeRecord
 class Decision:
     """One event the controller wants appended; guarded by its subject's folded last sequence."""
 
-    event: EventBase
+    event: AnyEvent
 
     @property
     def id(self) -> str:
@@ -55,12 +56,11 @@ class Decision:
 
     def summary(self) -> str:
         """A short human line: type, entity, reason."""
-        ev: Any = self.event
-        data = ev.data
+        data = self.event.data
         reason = getattr(data, "reason", "") or getattr(data, "message", "")
         entity = subjects.parse(self.subject).entity
         what = getattr(data, "state", None) or ""
-        return f"{ev.type} {entity} {what} {reason}".replace("  ", " ").strip()
+        return f"{self.event.type} {entity} {what} {reason}".replace("  ", " ").strip()
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,318 @@
+"""What events carry: the enums and value parts they share, and each event's `data` payload.
+
+Frozen pydantic models that ignore fields they do not know (a newer producer must not break
+an older reader). The envelopes that carry these payloads, with their type names and
+subjects, are `core.events`.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Frozen(BaseModel):
+    # Tolerant reader: a field added by a newer producer must not break an older consumer.
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+
+class Role(StrEnum):
+    PREFILL = "prefill"
+    DECODE = "decode"
+    UNION = "union"
+
+
+class EndpointStatus(StrEnum):
+    STARTING = "STARTING"
+    READY = "READY"
+    ABNORMAL = "ABNORMAL"
+    DEAD = "DEAD"
+    STOPPED = "STOPPED"
+
+
+class InstanceState(StrEnum):
+    INITIAL = "INITIAL"
+    ACTIVE = "ACTIVE"
+    INACTIVE = "INACTIVE"  # heartbeats lapsed; may come back on its own
+    DEGRADED = "DEGRADED"  # serving, but part of it is unhealthy
+    ISOLATED = "ISOLATED"  # taken out of routing by a fault or a precision alarm
+    RECOVERING = "RECOVERING"  # restart/replace under way
+    TERMINATED = "TERMINATED"  # gone; its nodes are free for re-assembly
+
+
+class FaultLevel(StrEnum):
+    L1 = "L1"
+    L2 = "L2"
+    L3 = "L3"
+    L4 = "L4"
+    L5 = "L5"
+    L6 = "L6"
+
+
+class SnapshotPhase(StrEnum):
+    METADATA_PREPARED = "metadata_prepared"
+    SUSPENDED = "suspended"
+    CHECKPOINT_DONE = "checkpoint_done"
+    RESTORED = "restored"
+
+
+class CausedBy(Frozen):
+    """The event a decision answers: its stream sequence (when known) and its id."""
+
+    id: str
+    seq: int | None = None
+
+
+# --------------------------------------------------------------------------- shared parts
+
+
+class EndpointSpec(Frozen):
+    """One engine endpoint (a DP rank) on a node, as registered and as started."""
+
+    id: int
+    ip: str
+    business_port: int
+    mgmt_port: int
+    bootstrap_port: int | None = None
+    dp_rank: int = 0
+    headless: bool = False
+
+
+class ParallelConfig(Frozen):
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    dp_local: int = 1
+    nnodes: int = 1
+
+
+class Capacity(Frozen):
+    max_seq_len: int = 4096
+    total_slots: int = 256
+    total_blocks: int = 1024
+    block_size: int = 16
+
+
+class EndpointLoad(Frozen):
+    id: int
+    status: EndpointStatus
+    avail_slots: int = 0
+    avail_blocks: int = 0
+    running: int = 0
+    waiting: int = 0
+
+
+class InstanceMember(Frozen):
+    node_id: str
+    node_rank: int
+    ip: str
+    endpoints: tuple[EndpointSpec, ...]
+
+
+# --------------------------------------------------------------------------- data payloads
+
+
+class NodeRegisteredData(Frozen):
+    node_id: str
+    job_name: str
+    pod_ip: str
+    role: Role
+    engine_type: str
+    model: str
+    devices: tuple[str, ...] = ()
+    endpoints: tuple[EndpointSpec, ...] = ()
+    parallel: ParallelConfig = ParallelConfig()
+    capacity: Capacity = Capacity()
+    capabilities: tuple[str, ...] = ()
+    agent_url: str | None = None
+    # Ground truth re-asserted after a restart or a lost log tail: what the node runs now.
+    instance_id: int | None = None
+    running_endpoints: tuple[int, ...] = ()
+    restored: bool = False  # re-registration after a container-snapshot restore
+
+
+class NodeDeregisteredData(Frozen):
+    node_id: str
+    reason: str = ""
+
+
+class HeartbeatData(Frozen):
+    node_id: str
+    instance_id: int | None = None
+    endpoints: tuple[EndpointLoad, ...] = ()
+    snapshot_pending: bool = False
+
+
+class CommandAppliedData(Frozen):
+    command_id: str
+    node_id: str
+    verb: Literal["start", "stop"]
+    instance_id: int | None = None
+
+
+class CommandRefusedData(Frozen):
+    command_id: str
+    node_id: str
+    verb: Literal["start", "stop"]
+    instance_id: int | None = None
+    code: str  # job_mismatch | bad_endpoint | port_in_use | spawn_failed | ...
+    reason: str
+
+
+class EndpointStatusChangedData(Frozen):
+    node_id: str
+    endpoint_id: int
+    instance_id: int | None = None
+    status: EndpointStatus
+    previous: EndpointStatus | None = None
+    reason: str = ""
+    exit_code: int | None = None
+    # The engine process this status is about: a READY with another pid is a new incarnation
+    # (routing forgets the old one's circuit). None from older agents and other tools.
+    pid: int | None = None
+
+
+class FaultReportedData(Frozen):
+    fault_id: str
+    node_id: str
+    level: FaultLevel
+    code: str
+    message: str = ""
+    instance_id: int | None = None
+    endpoint_id: int | None = None
+    kind: Literal["software", "hardware", "operator"] = "software"
+
+
+class FaultClearedData(Frozen):
+    fault_id: str
+    node_id: str
+    reason: str = ""
+
+
+class PrecisionAlarmRaisedData(Frozen):
+    alarm_id: str
+    d_instance_id: int
+    p_instance_id: int | None = None
+    reason: str = ""
+    detector: str = "operator"
+
+
+class PrecisionAlarmClearedData(Frozen):
+    d_instance_id: int
+    p_instance_id: int | None = None
+    alarm_id: str | None = None
+    reason: str = ""
+
+
+class SnapshotCheckpointData(Frozen):
+    node_id: str
+    phase: SnapshotPhase
+    instance_id: int | None = None
+    job_name: str | None = None
+    pod_ip: str | None = None
+    metadata: dict[str, str] = Field(default_factory=dict)
+
+
+class InstanceAssembledData(Frozen):
+    instance_id: int
+    role: Role
+    engine_type: str
+    model: str
+    job_name: str
+    members: tuple[InstanceMember, ...]
+    master_dp_ip: str
+    d2d_peer_ips: tuple[str, ...] = ()
+    capabilities: tuple[str, ...] = ()
+
+
+class InstanceStateChangedData(Frozen):
+    instance_id: int
+    state: InstanceState
+    previous: InstanceState | None = None
+    reason: str = ""
+
+
+class LeaderChangedData(Frozen):
+    leader_id: str
+    previous: str | None = None
+    term: int = 0
+
+
+class InstancesRefreshedData(Frozen):
+    """Seed 001's body, already validated by the coordinator, plus Motor's `event` verb."""
+
+    event: Literal["add", "del", "set"] = "set"
+    ids: tuple[int, ...]
+    instances: tuple[dict[str, Any], ...]
+
+
+class CircuitChangedData(Frozen):
+    """A coordinator opened or closed an endpoint's circuit (it stops or resumes routing to it)."""
+
+    coordinator: str  # the replica that decided (each replica keeps its own circuits)
+    endpoint: str  # routing key: "<node_id>/<endpoint_id>" or "ext/<id>[/<endpoint_id>]"
+    node_id: str | None = None  # None for engines registered through the refresh API
+    endpoint_id: int | None = None
+    instance_id: int | None = None
+    role: Role | None = None
+    state: Literal["open", "closed"]
+    reason: str = ""  # the last failure, "probe succeeded", "new incarnation (pid 812)"
+    failures: int = 0  # failures in a row that opened it
+    backoff_s: float = 0.0  # how long it stays open before a probe (open only)
+    pid: int | None = None  # the incarnation the circuit belongs to (None: not known)
+    ready_seq: int | None = None  # MOTOR sequence of that incarnation's READY
+
+
+class StreamsDisruptedData(Frozen):
+    """What requests on one endpoint went through in one window (one event per endpoint and second)."""
+
+    coordinator: str
+    endpoint: str
+    node_id: str | None = None
+    endpoint_id: int | None = None
+    instance_id: int | None = None
+    role: Role | None = None
+    since: float  # the window, seconds since the Unix epoch
+    until: float
+    broken: int = 0  # streams whose engine died or stalled after the first byte
+    continued: int = 0  # of those, continued on another path
+    failed: int = 0  # of those, cut or ended with an error (no path left, or not continuable)
+    retried: int = 0  # requests that failed here before their first byte and were retried elsewhere
+    reasons: dict[str, int] = Field(default_factory=dict)  # transport | timeout | stall | http_5xx
+    continued_on: dict[str, int] = Field(default_factory=dict)  # endpoint key -> streams
+
+
+class StartCommandData(Frozen):
+    """Motor's StartCmdMsg, addressed to one node."""
+
+    command_id: str
+    node_id: str
+    instance_id: int
+    job_name: str
+    role: Role
+    engine_type: str
+    model: str
+    endpoints: tuple[EndpointSpec, ...]
+    master_dp_ip: str
+    node_rank: int = 0
+    nnodes: int = 1
+    d2d_peer_ips: tuple[str, ...] | None = None
+    ranktable: dict[str, Any] | None = None
+    attempt: int = 1
+    # Crashes after READY in a row this start answers (0: not a restart after a crash); the
+    # controller's restart backoff and failover count from it.
+    restarts: int = 0
+    # The lease term of the leader that sent it (0: sent before commands carried one). A node
+    # agent refuses a command older than the newest term it has seen (`stale_term`).
+    term: int = 0
+
+
+class StopCommandData(Frozen):
+    command_id: str
+    node_id: str
+    instance_id: int | None = None
+    endpoint_ids: tuple[int, ...] = ()  # empty: every endpoint of the node
+    reason: str = ""
+    term: int = 0  # the sending leader's lease term, as on StartCommandData
