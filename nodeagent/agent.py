@@ -22,9 +22,6 @@ import aiohttp
 from nats.aio.client import Client
 
 from core.events import (
-    CommandApplied,
-    CommandAppliedData,
-    CommandRefused,
     EndpointStatus,
     EndpointStatusChanged,
     EndpointStatusChangedData,
@@ -35,14 +32,12 @@ from core.events import (
     SnapshotCheckpoint,
     SnapshotCheckpointData,
     SnapshotPhase,
-    StartCommand,
-    StopCommand,
 )
-from core.ids import derive_id, new_id
+from core.ids import new_id
 from nodeagent import runstate
-from nodeagent.commands import Command, CommandConsumer, check_start, check_term, result_data
+from nodeagent.command_handler import CommandHandler
+from nodeagent.commands import CommandConsumer
 from nodeagent.engines import Engines, StatusChange
-from nodeagent.errors import CommandRefusal
 from nodeagent.faults import FaultReporter
 from nodeagent.heartbeat import Heartbeats
 from nodeagent.http import HttpView, create_app, serve
@@ -136,11 +131,14 @@ class NodeAgent:
             stack.push_async_callback(runner.cleanup)
 
             cmds = s.config.nodeagent
+            handler = CommandHandler(
+                s, self.job_name, self.engines, self.outbox.send, self.metrics, self._snapshot
+            )
             consumer = CommandConsumer(
                 nc,
                 s.node_id,
-                self._handle,
-                self._refuse,
+                handler.handle,
+                handler.refuse,
                 self.metrics,
                 ack_wait=max(60.0, 3 * s.stop_grace),
                 attempts=cmds.command_attempts,
@@ -247,91 +245,6 @@ class NodeAgent:
     def _running(self) -> Running:
         e = self.engines
         return Running(e.instance_id, e.running_ids(), e.start_seq)
-
-    # ------------------------------------------------------------------ commands
-
-    async def _handle(self, ev: StartCommand | StopCommand, seq: int) -> None:
-        d = ev.data
-        verb: Any = "start" if isinstance(ev, StartCommand) else "stop"
-        prior = runstate.outcome_of(self.engines.run_state(), d.command_id)
-        if prior is not None:
-            log.info("command %s already %s; answering again, doing nothing", d.command_id, prior)
-            await self.outbox.send(self._result(verb, d.command_id, d.instance_id, prior))
-            return
-        try:
-            self._newer_term(d.term)
-            if isinstance(ev, StartCommand):
-                await self._start(ev, seq)
-            else:
-                await self._stop(ev)
-            outcome = "applied"
-        except CommandRefusal as r:
-            log.warning("command %s (%s) at seq %d refused: %s", d.command_id, verb, seq, r)
-            outcome = f"refused:{r.code}:{r.reason}"
-        await self.outbox.send(self._result(verb, d.command_id, d.instance_id, outcome))
-        self.engines.remember(d.command_id, outcome)
-        self.metrics.commands.labels(self.settings.node_id, verb, outcome.split(":")[0]).inc()
-
-    def _newer_term(self, term: int) -> None:
-        """Refuse a command of an older leader term; remember a newer one (saved with the outcome)."""
-        newest = self.engines.term
-        if term < newest:
-            self.metrics.commands_rejected.labels(self.settings.node_id, "stale_term").inc()
-        check_term(term, newest)
-        if term > newest:
-            log.info("leader term %d (was %d)", term, newest)
-            self.engines.term = term
-
-    def _result(self, verb: Any, command_id: str, instance_id: int | None, outcome: str) -> EventBase:
-        data = result_data(self.settings.node_id, verb, command_id, instance_id, outcome)
-        cls = CommandApplied if isinstance(data, CommandAppliedData) else CommandRefused
-        return self._event(cls, data, derive_id("command-result", self.settings.node_id, command_id))  # type: ignore[no-any-return]
-
-    async def _start(self, ev: StartCommand, seq: int) -> None:
-        d, s = ev.data, self.settings
-        registered = build_registration(s, job_name=self.job_name).endpoints
-        check_start(
-            d,
-            node_id=s.node_id,
-            job_name=self.job_name,
-            role=s.role,
-            engine_type=s.section.engine_type,
-            registered=registered,
-        )
-        started = await self.engines.start(d, seq)
-        if not started:
-            log.info("start %s: instance %d already running here; nothing to do", d.command_id, d.instance_id)
-            # Whoever sent it waits for READY after its start (e.g. an instance re-adopted
-            # after a lost log tail): say again what the endpoints are.
-            self.engines.reassert(f"already running for start {d.command_id}")
-        if self._snapshot is not None:
-            self._snapshot.prepare(d)
-
-    async def _refuse(self, ev: Command, code: str, reason: str) -> None:
-        """Answer a command that could not be handled with `command.refused` (and remember it)."""
-        d = ev.data
-        verb: Any = "start" if isinstance(ev, StartCommand) else "stop"
-        outcome = f"refused:{code}:{reason}"
-        await self.outbox.send(self._result(verb, d.command_id, d.instance_id, outcome))
-        self.metrics.commands.labels(self.settings.node_id, verb, "refused").inc()
-        try:
-            self.engines.remember(d.command_id, outcome)
-        except OSError as exc:  # the run state may be why handling failed
-            log.warning("command %s: outcome not saved: %s", d.command_id, exc)
-
-    async def _stop(self, ev: StopCommand) -> None:
-        d = ev.data
-        if d.node_id != self.settings.node_id:
-            raise CommandRefusal(
-                "wrong_node", f"command is for node {d.node_id!r}, this is {self.settings.node_id!r}"
-            )
-        mine = self.engines.instance_id
-        if d.instance_id is not None and mine is not None and d.instance_id != mine:
-            log.info(
-                "stop %s for instance %d, this node runs %d: nothing to do", d.command_id, d.instance_id, mine
-            )
-            return
-        await self.engines.stop(d.endpoint_ids, d.reason)
 
     # ------------------------------------------------------------------ events from parts
 

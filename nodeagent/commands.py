@@ -21,7 +21,6 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
-from typing import Any
 
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -35,17 +34,8 @@ from nats.js.errors import NotFoundError
 from core import subjects
 from core.codec import decode
 from core.errors import DecodeError
-from core.events import (
-    AnyEvent,
-    CommandAppliedData,
-    CommandRefusedData,
-    EndpointSpec,
-    Role,
-    StartCommand,
-    StartCommandData,
-    StopCommand,
-)
-from nodeagent.errors import CommandRefusal
+from core.events import AnyEvent, StartCommand, StopCommand
+from nodeagent.errors import Refusal
 from nodeagent.metrics import AgentMetrics
 from streams.definitions import MOTOR_STREAM
 from streams.permissions import durable_name  # NATS permissions name it too
@@ -54,80 +44,14 @@ log = logging.getLogger(__name__)
 
 Command = StartCommand | StopCommand
 Handler = Callable[[Command, int], Awaitable[None]]
-# refuse(command, code, reason): publish its `command.refused` and remember the outcome.
-Refuser = Callable[[Command, str, str], Awaitable[None]]
+# refuse(command, refusal): publish its `command.refused` and remember the outcome.
+Refuser = Callable[[Command, Refusal], Awaitable[None]]
 
 FETCH_WAIT = 5.0
 ACK_TIMEOUT = 2.0
 # A consumer made again replays from a little before it was last seen (clocks of the agent
 # and the server differ); what it replays twice is answered from memory.
 REMADE_MARGIN = 5.0
-
-
-def result_data(
-    node_id: str, verb: Any, command_id: str, instance_id: int | None, outcome: str
-) -> CommandAppliedData | CommandRefusedData:
-    """The result payload of a command from its remembered outcome (`applied` or `refused:code:why`)."""
-    if outcome == "applied":
-        return CommandAppliedData(command_id=command_id, node_id=node_id, verb=verb, instance_id=instance_id)
-    _, code, reason = outcome.split(":", 2)
-    return CommandRefusedData(
-        command_id=command_id, node_id=node_id, verb=verb, instance_id=instance_id, code=code, reason=reason
-    )
-
-
-def check_term(term: int, newest: int) -> None:
-    """Raise CommandRefusal for a command of an older leader term than one already seen.
-
-    A deposed leader's command that lands after its successor's must not undo what the
-    successor ordered. Term 0 is a command from before terms were stamped: older than any.
-    """
-    if term < newest:
-        raise CommandRefusal(
-            "stale_term", f"command of leader term {term}, this node has seen term {newest} already"
-        )
-
-
-def check_start(
-    cmd: StartCommandData,
-    *,
-    node_id: str,
-    job_name: str,
-    role: Role,
-    engine_type: str,
-    registered: tuple[EndpointSpec, ...],
-) -> None:
-    """Raise CommandRefusal when a start command does not fit this node."""
-    if cmd.node_id != node_id:
-        raise CommandRefusal("wrong_node", f"command is for node {cmd.node_id!r}, this is {node_id!r}")
-    if cmd.job_name != job_name:
-        raise CommandRefusal(
-            "job_mismatch", f"command job_name {cmd.job_name!r} does not match this node's job {job_name!r}"
-        )
-    if cmd.role != role:
-        raise CommandRefusal("role_mismatch", f"command role {cmd.role.value!r}, this node is {role.value!r}")
-    if cmd.engine_type != engine_type:
-        raise CommandRefusal(
-            "engine_mismatch", f"command engine_type {cmd.engine_type!r}, this node runs {engine_type!r}"
-        )
-    if not cmd.endpoints:
-        raise CommandRefusal("bad_endpoint", "command lists no endpoints")
-    mine = {e.id: e for e in registered}
-    seen: set[int] = set()
-    for e in cmd.endpoints:
-        if e.id in seen:
-            raise CommandRefusal("bad_endpoint", f"endpoint {e.id} listed twice")
-        seen.add(e.id)
-        reg = mine.get(e.id)
-        if reg is None:
-            raise CommandRefusal(
-                "bad_endpoint", f"endpoint {e.id} is not registered here (have {sorted(mine)})"
-            )
-        if (e.ip, e.business_port) != (reg.ip, reg.business_port):
-            raise CommandRefusal(
-                "bad_endpoint",
-                f"endpoint {e.id} at {e.ip}:{e.business_port}, registered at {reg.ip}:{reg.business_port}",
-            )
 
 
 class CommandConsumer:
@@ -289,7 +213,10 @@ class CommandConsumer:
         self.metrics.commands_rejected.labels(self.node_id, "handler_failed").inc()
         try:
             async with asyncio.timeout(self.ack_wait / 2):
-                await self.refuse(ev, "handler_failed", f"handling failed {delivered} times, last: {what}")
+                why = Refusal(
+                    code="handler_failed", reason=f"handling failed {delivered} times, last: {what}"
+                )
+                await self.refuse(ev, why)
         except Exception as refuse_exc:
             log.error("command %s at seq %d: its refusal was not published either: %s", cid, seq, refuse_exc)
         await self._settle(msg, "term", seq)

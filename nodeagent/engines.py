@@ -77,7 +77,7 @@ class Engines:
         self.instance_id: int | None = None
         self.start_cmd: StartCommandData | None = None
         self.start_seq = 0  # stream sequence of the start command the engines answer
-        self.done: tuple[tuple[str, str], ...] = ()
+        self.done: tuple[tuple[str, runstate.Outcome], ...] = ()
         self.term = 0  # newest leader term seen on a command (nodeagent.commands.check_term)
         self._lock = asyncio.Lock()  # one start/stop at a time
 
@@ -117,7 +117,7 @@ class Engines:
     def save(self) -> None:
         runstate.save(self.settings.state_file, self.run_state())
 
-    def remember(self, command_id: str, outcome: str) -> None:
+    def remember(self, command_id: str, outcome: runstate.Outcome) -> None:
         self.done = runstate.remember(self.run_state(), command_id, outcome).done
         self.save()
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pydantic import BaseModel, ConfigDict
+
 
 class NodeAgentError(Exception):
     """Base of every error raised by `nodeagent`."""
@@ -11,10 +13,26 @@ class StartupError(NodeAgentError):
     """The agent cannot start with this config or these flags; the message names the field."""
 
 
+class Refusal(BaseModel):
+    """Why a command did not take effect: its `command.refused` code and reason, as remembered."""
+
+    model_config = ConfigDict(frozen=True)
+
+    code: str  # job_mismatch | bad_endpoint | port_in_use | stale_term | handler_failed | ...
+    reason: str
+
+
 class CommandRefusal(NodeAgentError):
     """A start/stop command that cannot take effect; becomes a `command.refused` event."""
 
     def __init__(self, code: str, reason: str) -> None:
         super().__init__(f"{code}: {reason}")
-        self.code = code
-        self.reason = reason
+        self.refusal = Refusal(code=code, reason=reason)
+
+    @property
+    def code(self) -> str:
+        return self.refusal.code
+
+    @property
+    def reason(self) -> str:
+        return self.refusal.reason

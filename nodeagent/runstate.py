@@ -11,14 +11,18 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from core.events import EndpointSpec, StartCommandData
+from nodeagent.errors import Refusal
 
 log = logging.getLogger(__name__)
+
+# What became of a command: it took effect, or it was refused (and why).
+Outcome = Literal["applied"] | Refusal
 
 
 class EndpointRun(BaseModel):
@@ -44,10 +48,28 @@ class RunState(BaseModel):
     endpoints: tuple[EndpointRun, ...] = ()
     # Command ids already carried out, newest last, with their outcome: a redelivered command
     # is answered the same way and never runs twice.
-    done: tuple[tuple[str, str], ...] = ()
+    done: tuple[tuple[str, Outcome], ...] = ()
     # The newest leader term seen on a command: an older one is refused (`stale_term`), also
     # after a restart of the agent.
     term: int = 0
+
+    @field_validator("done", mode="before")
+    @classmethod
+    def _upcast_done(cls, done: Any) -> Any:
+        """A file written before outcomes were typed says `refused:<code>:<reason>`."""
+        if not isinstance(done, list | tuple):
+            return done
+        return tuple(
+            (d[0], _refusal_from_text(d[1])) if isinstance(d, list | tuple) and len(d) == 2 else d
+            for d in done
+        )
+
+
+def _refusal_from_text(outcome: Any) -> Any:
+    if isinstance(outcome, str) and outcome.startswith("refused:"):
+        _, code, reason = [*outcome.split(":", 2), ""][:3]
+        return Refusal(code=code, reason=reason)
+    return outcome
 
 
 MAX_DONE = 512
@@ -77,13 +99,14 @@ def save(path: Path, state: RunState) -> None:
     os.replace(tmp, path)
 
 
-def remember(state: RunState, command_id: str, outcome: str) -> RunState:
+def remember(state: RunState, command_id: str, outcome: Outcome) -> RunState:
     """The state with one more finished command (bounded history)."""
     done = (*(d for d in state.done if d[0] != command_id), (command_id, outcome))
     return state.model_copy(update={"done": done[-MAX_DONE:]})
 
 
-def outcome_of(state: RunState, command_id: str) -> str | None:
+def outcome_of(state: RunState, command_id: str) -> Outcome | None:
+    """How the command was answered, if this node has answered it."""
     for cid, outcome in state.done:
         if cid == command_id:
             return outcome

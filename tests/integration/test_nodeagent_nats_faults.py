@@ -37,6 +37,7 @@ from core.events import (
 from core.ids import new_id
 from nodeagent.commands import Command, CommandConsumer
 from nodeagent.engines import Engines
+from nodeagent.errors import Refusal
 from nodeagent.heartbeat import Heartbeats
 from nodeagent.metrics import AgentMetrics
 from nodeagent.outbox import Outbox
@@ -236,8 +237,8 @@ async def test_an_ack_that_times_out_does_not_end_the_command_consumer(own_nats:
             own_nats.freeze(True)  # NATS stops answering between the result and the ack
             asyncio.get_running_loop().call_later(4.0, own_nats.freeze, False)
 
-    async def refuse(ev: Command, code: str, reason: str) -> None:
-        raise AssertionError(f"nothing is refused here: {code} {reason}")
+    async def refuse(ev: Command, refusal: Refusal) -> None:
+        raise AssertionError(f"nothing is refused here: {refusal}")
 
     metrics = AgentMetrics("n1")
     consumer = CommandConsumer(nc, "n1", handle, refuse, metrics, ack_wait=30.0)

@@ -19,7 +19,7 @@ from core.errors import ConfigError, WrongSubject
 from core.events import EVENT_CLASSES, EndpointStatus, LeaderChanged, LeaderChangedData
 from deploy.natsauth import _same_server, discover, prepare, user_for_child
 from nodeagent import runstate
-from nodeagent.commands import check_term
+from nodeagent.command_handler import check_term
 from nodeagent.errors import CommandRefusal
 from streams.connection import NatsOptions
 from streams.credentials import Credentials, CredentialsError, load_context, merge, save_context

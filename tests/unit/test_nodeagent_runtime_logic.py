@@ -6,12 +6,21 @@ from typing import Any
 import pytest
 
 from core.config import HealthCheckConfig, SnapshotConfig
-from core.events import Capacity, EndpointSpec, Role, SnapshotPhase, StartCommandData
+from core.events import (
+    Capacity,
+    CommandApplied,
+    CommandRefused,
+    EndpointSpec,
+    Role,
+    SnapshotPhase,
+    StartCommand,
+    StartCommandData,
+)
 from core.reducer import fold
 from core.state import ClusterState
 from nodeagent import runstate
-from nodeagent.commands import check_start
-from nodeagent.errors import CommandRefusal
+from nodeagent.command_handler import answer, check_start
+from nodeagent.errors import CommandRefusal, Refusal
 from nodeagent.faults import FaultTracker, ft_status
 from nodeagent.health import HealthTracker
 from nodeagent.loadmetrics import load_from_text
@@ -233,16 +242,37 @@ def test_run_state_round_trip_and_bounded_history(tmp_path: Path) -> None:
     )  # fmt: skip
     for i in range(runstate.MAX_DONE + 5):
         st = runstate.remember(st, f"c{i}", "applied")
-    st = runstate.remember(st, "c7", "refused:port_in_use:x")
+    st = runstate.remember(st, "c7", Refusal(code="port_in_use", reason="x: taken"))
     runstate.save(path, st)
     back = runstate.load(path, "n1")
     assert back == st
     assert len(back.done) == runstate.MAX_DONE
-    assert runstate.outcome_of(back, "c7") == "refused:port_in_use:x"
+    assert runstate.outcome_of(back, "c7") == Refusal(code="port_in_use", reason="x: taken")
     assert runstate.outcome_of(back, "c0") is None
     assert runstate.load(path, "n2") == runstate.RunState(node_id="n2")
     path.write_text("{not json")
     assert runstate.load(path, "n1") == runstate.RunState(node_id="n1")
+
+
+def test_run_state_written_before_outcomes_were_typed_reads_refusals_as_refusals(tmp_path: Path) -> None:
+    path = tmp_path / "nodeagent-n1.json"
+    path.write_text(
+        '{"node_id": "n1", "done": [["c1", "applied"], ["c2", "refused:port_in_use:port 9000: taken"]]}'
+    )
+    back = runstate.load(path, "n1")
+    assert runstate.outcome_of(back, "c1") == "applied"
+    assert runstate.outcome_of(back, "c2") == Refusal(code="port_in_use", reason="port 9000: taken")
+
+
+def test_a_command_is_answered_from_its_outcome() -> None:
+    start = StartCommand(id="c1", ts=1.0, source="controller/a", data=cmd())
+    applied = answer("n1", "nodeagent/n1", start, "applied")
+    assert isinstance(applied, CommandApplied)
+    assert (applied.data.verb, applied.data.command_id, applied.data.instance_id) == ("start", "c1", 1)
+    refused = answer("n1", "nodeagent/n1", start, Refusal(code="stale_term", reason="term 1 < 2"))
+    assert isinstance(refused, CommandRefused)
+    assert (refused.data.code, refused.data.reason) == ("stale_term", "term 1 < 2")
+    assert refused.id == applied.id  # one answer per command, whichever it is
 
 
 # --------------------------------------------------------------------------- snapshot
