@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import sys
 from typing import Any
 
@@ -114,7 +115,7 @@ async def _ls(args: argparse.Namespace) -> int:
 
 
 async def _view(args: argparse.Namespace) -> int:
-    from deploy.eventfmt import EventTable, parse_position, range_kwargs
+    from deploy.eventfmt import EventTable, parse_position, range_of
     from streams.consumer import StreamMissing
     from streams.reader import read_deliveries
 
@@ -125,7 +126,7 @@ async def _view(args: argparse.Namespace) -> int:
 
         raise BadArgument("--last must be at least 1")
     last = args.last if args.last is not None else (None if since else DEFAULT_LAST)
-    kwargs = range_kwargs(since, until)
+    span = range_of(since, until, args.subject)
     nc = await _connect(args)
     table = EventTable(args.stream, as_json=args.json)
     try:
@@ -133,9 +134,9 @@ async def _view(args: argparse.Namespace) -> int:
             # Without a filter the tail is a sequence range: no need to read the whole stream.
             from streams.reader import stream_last_seq
 
-            end = kwargs.get("until_seq") or await stream_last_seq(nc, args.stream)
-            kwargs["start_seq"] = max(1, end - last + 1)
-        async for d in read_deliveries(nc, args.stream, filter_subject=args.subject, **kwargs):
+            end = span.until_seq or await stream_last_seq(nc, args.stream)
+            span = dataclasses.replace(span, start_seq=max(1, end - last + 1))
+        async for d in read_deliveries(nc, args.stream, span):
             table.add(d.seq, d.subject, d.ts_ns / 1e9, d.data, keep_last=last)
     except StreamMissing:
         print(
@@ -175,7 +176,7 @@ async def _sub(args: argparse.Namespace) -> int:
 
 
 async def _export(args: argparse.Namespace) -> int:
-    from deploy.eventfmt import parse_position, range_kwargs
+    from deploy.eventfmt import parse_position, range_of
     from streams.replay import export_jsonl
 
     since = parse_position(args.since, "--since") if args.since else None
@@ -183,7 +184,7 @@ async def _export(args: argparse.Namespace) -> int:
     streams = tuple(args.streams or ["MOTOR"])
     nc = await _connect(args)
     try:
-        n = await export_jsonl(nc, args.file, streams=streams, **range_kwargs(since, until))
+        n = await export_jsonl(nc, args.file, streams=streams, span=range_of(since, until))
     finally:
         await nc.close()
     print(f"exported {n} messages from {', '.join(streams)} to {args.file}", file=sys.stderr)

@@ -69,17 +69,13 @@ async def load_records(args: argparse.Namespace) -> tuple[list[Any], list[Any]]:
         return read_jsonl_records(Path(args.from_file), until_seq=args.until_seq, until_time=until_time)
     from streams.connection import connect
     from streams.definitions import MOTOR_STREAM
-    from streams.reader import SkipCounter, read_range
+    from streams.reader import Range, SkipCounter, read_range
 
     skips = SkipCounter(MOTOR_STREAM, keep=MAX_LISTED, quiet=True)
+    span = Range(until_seq=args.until_seq, until_time=until_time)
     nc = await asyncio.wait_for(connect(nats_options(args), name="motor-replay"), timeout=5)
     try:
-        records = [
-            r
-            async for r in read_range(
-                nc, MOTOR_STREAM, until_seq=args.until_seq, until_time=until_time, skips=skips
-            )
-        ]
+        records = [r async for r in read_range(nc, MOTOR_STREAM, span, skips=skips)]
     finally:
         await nc.close()
     return records, list(skips.recent)
@@ -176,7 +172,7 @@ def run_replay(args: argparse.Namespace, records: list[Any], skipped: list[Any] 
         print_skipped(Console(stderr=True) if args.json else console, skipped)
     code = 0
     if args.explain:
-        from streams.explain import explain, render
+        from replay.explain import explain, render
 
         kind, entity = args.explain
         if kind not in ("instance", "node"):
@@ -189,7 +185,7 @@ def run_replay(args: argparse.Namespace, records: list[Any], skipped: list[Any] 
             console.print(f"[bold]{kind} {entity}[/], newest first:", highlight=False)
             console.print(render(lines), highlight=False, markup=False)
     if args.timeline:
-        from streams.timeline import render_html
+        from replay.timeline import render_html
 
         out = Path(args.timeline)
         out.write_text(render_html(records, title=f"Motor timeline ({span})"))
@@ -219,7 +215,7 @@ def print_skipped(console: Any, skipped: list[Any], limit: int = 50) -> None:
 
 def _verify(args: argparse.Namespace, records: list[Any], console: Any) -> int:
     from controller.decide import decide
-    from streams.verify import verify
+    from replay.verify import verify
 
     cfg = load_config_file(args.config)
     report = verify(records, lambda s, now: decide(s, cfg, now))

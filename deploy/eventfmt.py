@@ -11,6 +11,8 @@ from typing import Any
 
 import orjson
 
+from streams.reader import Range
+
 _AGE = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h|d)$")
 _UNIT = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
@@ -49,18 +51,15 @@ def parse_position(text: str, flag: str, *, now: float | None = None) -> Positio
     return ("time", dt.timestamp())
 
 
-def range_kwargs(since: Position | None, until: Position | None) -> dict[str, Any]:
-    """`read_range`-style keyword arguments for a since/until pair."""
-    kw: dict[str, Any] = {}
-    if since is not None:
-        kw["start_seq" if since[0] == "seq" else "start_time"] = (
-            int(since[1]) if since[0] == "seq" else since[1]
-        )
-    if until is not None:
-        kw["until_seq" if until[0] == "seq" else "until_time"] = (
-            int(until[1]) if until[0] == "seq" else until[1]
-        )
-    return kw
+def range_of(since: Position | None, until: Position | None, subject: str | None = None) -> Range:
+    """The part of a stream between a since/until pair, on an optional subject filter."""
+    return Range(
+        start_seq=int(since[1]) if since is not None and since[0] == "seq" else None,
+        start_time=since[1] if since is not None and since[0] == "time" else None,
+        until_seq=int(until[1]) if until is not None and until[0] == "seq" else None,
+        until_time=until[1] if until is not None and until[0] == "time" else None,
+        filter_subject=subject,
+    )
 
 
 def fmt_time(ts: float | None) -> str:

@@ -23,7 +23,17 @@ from streams.consumer import Delivery, PushConsumer, js_api
 from streams.definitions import MOTOR_STREAM
 from streams.poison import SkipLog, reason_for
 
-__all__ = ["Follower", "Record", "SkipCounter", "read_batches", "read_deliveries", "read_range", "reason_for"]
+__all__ = [
+    "EVERYTHING",
+    "Follower",
+    "Range",
+    "Record",
+    "SkipCounter",
+    "read_batches",
+    "read_deliveries",
+    "read_range",
+    "reason_for",
+]
 
 log = logging.getLogger(__name__)
 
@@ -56,28 +66,40 @@ async def stream_last_seq(nc: Client, stream: str = MOTOR_STREAM) -> int:
     return int(info["state"]["last_seq"])
 
 
+@dataclass(frozen=True, slots=True)
+class Range:
+    """Which part of a stream to read: from a sequence or a time (else the first message), up to
+    a sequence or a time (else the last message when reading began), on a subject filter."""
+
+    start_seq: int | None = None
+    start_time: float | None = None
+    until_seq: int | None = None
+    until_time: float | None = None
+    filter_subject: str | None = None
+
+
+EVERYTHING = Range()
+
+
 async def read_batches(
-    nc: Client,
-    stream: str = MOTOR_STREAM,
-    *,
-    start_seq: int | None = None,
-    start_time: float | None = None,
-    until_seq: int | None = None,
-    until_time: float | None = None,
-    filter_subject: str | None = None,
-    raw: bool | None = None,
+    nc: Client, stream: str = MOTOR_STREAM, span: Range = EVERYTHING, *, raw: bool | None = None
 ) -> AsyncIterator[list[Delivery]]:
     """Raw messages of a range in batches (not decoded); ends at what existed when called.
 
     `raw=None` reads through the raw protocol connection when possible, `False` forces nats-py.
     """
     last = await stream_last_seq(nc, stream)
-    end = last if until_seq is None else min(until_seq, last)
-    if end == 0 or (start_seq is not None and start_seq > end):
+    end = last if span.until_seq is None else min(span.until_seq, last)
+    if end == 0 or (span.start_seq is not None and span.start_seq > end):
         return
-    until_ns = int(until_time * 1e9) if until_time is not None else None
+    until_ns = int(span.until_time * 1e9) if span.until_time is not None else None
     pc = PushConsumer(
-        nc, stream, start_seq=start_seq, start_time=start_time, filter_subject=filter_subject, raw=raw
+        nc,
+        stream,
+        start_seq=span.start_seq,
+        start_time=span.start_time,
+        filter_subject=span.filter_subject,
+        raw=raw,
     )
     try:
         if await pc.start() == 0:
@@ -97,51 +119,20 @@ async def read_batches(
 
 
 async def read_deliveries(
-    nc: Client,
-    stream: str = MOTOR_STREAM,
-    *,
-    start_seq: int | None = None,
-    start_time: float | None = None,
-    until_seq: int | None = None,
-    until_time: float | None = None,
-    filter_subject: str | None = None,
+    nc: Client, stream: str = MOTOR_STREAM, span: Range = EVERYTHING
 ) -> AsyncIterator[Delivery]:
     """Raw messages of a range, one by one (not decoded); ends at what existed when called."""
-    async for batch in read_batches(
-        nc,
-        stream,
-        start_seq=start_seq,
-        start_time=start_time,
-        until_seq=until_seq,
-        until_time=until_time,
-        filter_subject=filter_subject,
-    ):
+    async for batch in read_batches(nc, stream, span):
         for d in batch:
             yield d
 
 
 async def read_range(
-    nc: Client,
-    stream: str = MOTOR_STREAM,
-    *,
-    start_seq: int | None = None,
-    start_time: float | None = None,
-    until_seq: int | None = None,
-    until_time: float | None = None,
-    filter_subject: str | None = None,
-    skips: SkipCounter | None = None,
+    nc: Client, stream: str = MOTOR_STREAM, span: Range = EVERYTHING, *, skips: SkipCounter | None = None
 ) -> AsyncIterator[Record]:
     """Decoded events of a range, in order; ends at what existed when called."""
     skips = skips or SkipCounter(stream)
-    async for d in read_deliveries(
-        nc,
-        stream,
-        start_seq=start_seq,
-        start_time=start_time,
-        until_seq=until_seq,
-        until_time=until_time,
-        filter_subject=filter_subject,
-    ):
+    async for d in read_deliveries(nc, stream, span):
         try:
             ev = decode(d.data, d.subject)
         except DecodeError as exc:

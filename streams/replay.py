@@ -31,7 +31,7 @@ from streams.definitions import MOTOR_STREAM
 from streams.errors import StreamsError
 from streams.poison import INAPPLICABLE, Skipped, reason_for
 from streams.publisher import MOTOR_TYPE, MSG_ID
-from streams.reader import read_batches, read_deliveries
+from streams.reader import EVERYTHING, Range, read_batches, read_deliveries
 
 MAX_LISTED = 1000  # skipped events kept by a replay for display (all are counted)
 
@@ -85,9 +85,8 @@ async def fold_stream(
     start = s.last_seq + 1 if state is not None and s.last_seq else None
     t0 = time.perf_counter()
     applied = 0
-    async for batch in read_batches(
-        nc, stream, start_seq=start, until_seq=until_seq, until_time=until_time, raw=raw
-    ):
+    span = Range(start_seq=start, until_seq=until_seq, until_time=until_time)
+    async for batch in read_batches(nc, stream, span, raw=raw):
         if not stats.first_seq:
             stats.first_seq = batch[0].seq
         for d in batch:
@@ -131,26 +130,14 @@ async def export_jsonl(
     path: Path | str,
     *,
     streams: Sequence[str] = (MOTOR_STREAM,),
-    start_seq: int | None = None,
-    start_time: float | None = None,
-    until_seq: int | None = None,
-    until_time: float | None = None,
-    filter_subject: str | None = None,
+    span: Range = EVERYTHING,
 ) -> int:
     """Write the streams' messages (as they exist now) to a JSONL file; return how many."""
     count = 0
     # Buffered local writes are far cheaper than the network reads between them.
     with Path(path).open("wb") as fh:  # noqa: ASYNC230
         for stream in streams:
-            async for d in read_deliveries(
-                nc,
-                stream,
-                start_seq=start_seq,
-                start_time=start_time,
-                until_seq=until_seq,
-                until_time=until_time,
-                filter_subject=filter_subject,
-            ):
+            async for d in read_deliveries(nc, stream, span):
                 fh.write(export_line(stream, d.seq, d.subject, d.ts_ns / 1e9, d.data))
                 count += 1
     return count

@@ -23,7 +23,7 @@ import pytest
 
 from controller.decide import decide
 from core.config import config_from_dict
-from streams.verify import verify
+from replay.verify import verify
 from tests.integration.controller_harness import CONTROLLER, SECTION, Cluster, engine_pid, state_is
 from tests.integration.nodeagent_harness import Agent, pid_alive
 

@@ -33,7 +33,7 @@ from core.reducer import apply
 from core.state import ClusterState, state_to_dict
 from streams.checkpoint import load_checkpoint
 from streams.publisher import Publisher
-from streams.reader import read_range
+from streams.reader import Range, read_range
 from streams.server import EmbeddedNats
 from tests.integration.controller_harness import CONTROLLER, Cluster, operator_event, state_is
 
@@ -116,7 +116,7 @@ def registration(node: str, ip: str) -> NodeRegistered:
 
 async def fold_all(nc: Client, until_seq: int) -> ClusterState:
     s = ClusterState()
-    async for rec in read_range(nc, until_seq=until_seq):
+    async for rec in read_range(nc, span=Range(until_seq=until_seq)):
         s = apply(s, rec.event, rec.seq)
     return s
 

@@ -19,7 +19,7 @@ from streams.consumer import StreamMissing
 from streams.definitions import HB_STREAM, MOTOR_STREAM, ensure_streams
 from streams.errors import StreamsError
 from streams.publisher import Publisher
-from streams.reader import Follower, Record, read_range
+from streams.reader import Follower, Range, Record, read_range
 from streams.replay import export_jsonl, fold_jsonl, fold_stream, import_jsonl
 from tests.bench.replay import workload
 from tests.integration.streams_events import mixed, status_changed
@@ -36,10 +36,10 @@ async def test_read_range_by_sequence(js: JetStreamContext, nc: Client) -> None:
     events = mixed(40)
     await _publish(js, events)
 
-    got = [r.event async for r in read_range(nc, start_seq=11, until_seq=20)]
+    got = [r.event async for r in read_range(nc, span=Range(start_seq=11, until_seq=20))]
 
     assert got == events[10:20]
-    assert [r async for r in read_range(nc, start_seq=41)] == []
+    assert [r async for r in read_range(nc, span=Range(start_seq=41))] == []
 
 
 async def test_read_range_by_time(js: JetStreamContext, nc: Client) -> None:
@@ -50,8 +50,8 @@ async def test_read_range_by_time(js: JetStreamContext, nc: Client) -> None:
     await asyncio.sleep(0.05)
     await _publish(js, events[10:])
 
-    after = [r.event async for r in read_range(nc, start_time=t_mid)]
-    before = [r.event async for r in read_range(nc, until_time=t_mid)]
+    after = [r.event async for r in read_range(nc, span=Range(start_time=t_mid))]
+    before = [r.event async for r in read_range(nc, span=Range(until_time=t_mid))]
 
     assert after == events[10:]
     assert before == events[:10]
@@ -61,7 +61,7 @@ async def test_read_range_with_a_subject_filter(js: JetStreamContext, nc: Client
     events = mixed(35)
     await _publish(js, events)
 
-    got = [r async for r in read_range(nc, filter_subject="motor.evt.*.n2")]
+    got = [r async for r in read_range(nc, span=Range(filter_subject="motor.evt.*.n2"))]
 
     assert [r.event for r in got] == [e for e in events if e.data.node_id == "n2"]  # type: ignore[attr-defined]
     assert all(r.subject.endswith(".n2") for r in got)

@@ -22,7 +22,7 @@ from core.codec import decode, encode
 from core.events import EndpointStatus, EventBase, FaultLevel, Role, SnapshotPhase
 from core.reducer import fold
 from core.state import state_from_dict, state_to_dict
-from streams.verify import verify
+from replay.verify import verify
 from tests.unit.controller_log import Log, config
 
 NODES = ("a", "b", "c", "d", "e")

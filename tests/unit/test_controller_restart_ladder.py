@@ -19,7 +19,7 @@ from controller.instance_rules import CRASH_LOOP, restart_delay
 from core import subjects
 from core.config import ControllerConfig
 from core.events import EndpointStatus, EventBase, FaultLevel, InstanceState
-from streams.verify import verify
+from replay.verify import verify
 from tests.unit.controller_log import Log, config
 
 LADDER = {"restart_backoff_initial": 1.0, "restart_backoff_max": 60.0, "restart_reset_after": 300.0}

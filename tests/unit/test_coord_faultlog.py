@@ -13,8 +13,8 @@ from core import codec, subjects
 from core.events import CircuitChanged, EndpointStatus, Role, StreamsDisrupted
 from core.reducer import apply
 from core.state import ClusterState
-from streams.explain import explain
-from streams.timeline import lane_keys
+from replay.explain import explain
+from replay.timeline import lane_keys
 from tests.unit.coord_events import endpoint_status, instance_events, refreshed, seed_instance
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from deploy.eventfmt import BadArgument, parse_position, range_kwargs, short_time, summarize
+from deploy.eventfmt import BadArgument, parse_position, range_of, short_time, summarize
+from streams.reader import Range
 
 NOW = 1_800_000_000.0
 
@@ -32,10 +33,12 @@ def test_bad_position_names_the_flag(text: str) -> None:
         parse_position(text, "--until", now=NOW)
 
 
-def test_range_kwargs() -> None:
-    assert range_kwargs(("seq", 5), ("time", 9.5)) == {"start_seq": 5, "until_time": 9.5}
-    assert range_kwargs(("time", 1.0), ("seq", 7)) == {"start_time": 1.0, "until_seq": 7}
-    assert range_kwargs(None, None) == {}
+def test_range_of() -> None:
+    assert range_of(("seq", 5), ("time", 9.5)) == Range(start_seq=5, until_time=9.5)
+    assert range_of(("time", 1.0), ("seq", 7), "motor.evt.>") == Range(
+        start_time=1.0, until_seq=7, filter_subject="motor.evt.>"
+    )
+    assert range_of(None, None) == Range()
 
 
 def test_summarize_leaves_out_empty_values() -> None:

@@ -13,8 +13,8 @@ from core.events import (
     LeaderChanged,
     LeaderChangedData,
 )
-from streams.explain import explain, render
-from streams.timeline import lane_keys, render_html
+from replay.explain import explain, render
+from replay.timeline import lane_keys, render_html
 from tests.unit.factories import assembled, ep_status, registered, start_cmd
 
 

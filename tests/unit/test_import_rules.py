@@ -6,6 +6,7 @@ imports inside functions included; no file is exempt).
 - Components never import each other: `controller`, `coordinator`, `nodeagent` import only
   `core`, `streams` and `http1`; the builtin engine `simengine` only `core` and `http1` (it
   never touches the log).
+- `replay` (explain, timeline, verify: analysis of the log) only `core` and `streams`.
 - `deploy` (the `motor` CLI, the composition root) may import anything; nothing imports
   `deploy` but `deploy` and the tests.
 """
@@ -27,6 +28,7 @@ ALLOWED: dict[str, set[str]] = {
     "coordinator": {"core", "streams", "http1"},
     "nodeagent": {"core", "streams", "http1"},
     "simengine": {"core", "http1"},
+    "replay": {"core", "streams"},
 }
 ANYTHING = {"deploy", "tests"}  # the composition root and the tests see every package
 

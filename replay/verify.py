@@ -13,14 +13,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from core.events import Heartbeat, LeaderChanged
 from core.reducer import apply
 from core.state import ClusterState
-from streams.explain import LoggedEvent, summarize
+from replay.explain import LoggedEvent, summarize
 
 DecideFn = Callable[[ClusterState, float], Sequence[Any]]  # -> events (or objects with .event)
 
 # Events a controller writes that are not outputs of decide().
-NOT_DECISIONS = frozenset({"controller.leader_changed", "node.heartbeat"})
+NOT_DECISIONS = (LeaderChanged, Heartbeat)
 
 
 @dataclass
@@ -51,7 +52,7 @@ def _event_of(decision: Any) -> Any:
 
 
 def is_decision(ev: Any) -> bool:
-    return ev.source.startswith("controller") and ev.type not in NOT_DECISIONS
+    return ev.source.startswith("controller") and not isinstance(ev, NOT_DECISIONS)
 
 
 def depends_on_heartbeats(ev: Any) -> bool:
@@ -87,5 +88,5 @@ def verify(
                     report.verified += 1
                 else:
                     report.mismatches.append(Mismatch(rec.seq, summarize(ev), cache_text))
-        s = apply(s, ev, rec.seq if ev.type != "node.heartbeat" else 0)
+        s = apply(s, ev, 0 if isinstance(ev, Heartbeat) else rec.seq)
     return report

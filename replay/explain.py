@@ -12,11 +12,44 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+from core.events import (
+    AnyEvent,
+    CircuitChanged,
+    CircuitChangedData,
+    CommandApplied,
+    CommandRefused,
+    EndpointStatusChanged,
+    EventBase,
+    FaultCleared,
+    FaultReported,
+    Heartbeat,
+    InstanceAssembled,
+    InstancesRefreshed,
+    InstanceStateChanged,
+    LeaderChanged,
+    NodeDeregistered,
+    NodeRegistered,
+    PrecisionAlarmCleared,
+    PrecisionAlarmRaised,
+    SnapshotCheckpoint,
+    StartCommand,
+    StopCommand,
+    StreamsDisrupted,
+    StreamsDisruptedData,
+)
+
 
 class LoggedEvent(Protocol):
-    seq: int
-    subject: str
-    event: Any
+    """A decoded event and where it sits in the log (`streams.reader.Record` is one)."""
+
+    @property
+    def seq(self) -> int: ...
+
+    @property
+    def subject(self) -> str: ...
+
+    @property
+    def event(self) -> AnyEvent: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,58 +73,59 @@ def fmt_time(ts: float) -> str:
     return dt.strftime("%H:%M:%S.") + f"{dt.microsecond // 100_000}"
 
 
-def summarize(ev: Any) -> str:
+def summarize(ev: EventBase) -> str:
     """A one-line, human summary of an event."""
-    d = ev.data
-    t = ev.type
-    if t == "node.registered":
-        extra = " (restored)" if d.restored else ""
-        return f"node {d.node_id} registered as {d.role} {d.engine_type} at {d.pod_ip}{extra}"
-    if t == "node.deregistered":
-        return f"node {d.node_id} deregistered {d.reason}".rstrip()
-    if t == "node.heartbeat":
-        return f"heartbeat from {d.node_id}"
-    if t == "command.start":
-        return f"start sent to {d.node_id} for instance {d.instance_id} (attempt {d.attempt}, rank {d.node_rank})"
-    if t == "command.stop":
-        return f"stop sent to {d.node_id} for instance {d.instance_id} {d.reason}".rstrip()
-    if t == "command.applied":
-        return f"{d.verb} applied on {d.node_id}"
-    if t == "command.refused":
-        return f"{d.verb} refused on {d.node_id}: {d.code} {d.reason}"
-    if t == "endpoint.status_changed":
-        why = f" ({d.reason})" if d.reason else ""
-        code = f" exit {d.exit_code}" if d.exit_code is not None else ""
-        return f"endpoint {d.node_id}/{d.endpoint_id} {d.previous or '-'} → {d.status}{why}{code}"
-    if t == "fault.reported":
-        return f"fault.reported {d.level} {d.code} on {d.node_id}" + (f": {d.message}" if d.message else "")
-    if t == "fault.cleared":
-        return f"fault {d.fault_id} cleared on {d.node_id}"
-    if t == "precision.alarm_raised":
-        p = f" / p {d.p_instance_id}" if d.p_instance_id is not None else ""
-        return f"precision alarm raised on d {d.d_instance_id}{p} by {d.detector}: {d.reason}"
-    if t == "precision.alarm_cleared":
-        return f"precision alarm cleared on d {d.d_instance_id}"
-    if t == "snapshot.checkpoint":
-        return f"snapshot {d.phase} on {d.node_id}"
-    if t == "instance.assembled":
-        nodes = ",".join(m.node_id for m in d.members)
-        return f"instance {d.instance_id} assembled ({d.role}, {d.engine_type}) on {nodes}"
-    if t == "instance.state_changed":
-        why = f" ({d.reason})" if d.reason else ""
-        return f"instance {d.instance_id} {d.previous or '-'} → {d.state}{why}"
-    if t == "controller.leader_changed":
-        return f"leader {d.previous or '-'} → {d.leader_id} (term {d.term})"
-    if t == "instances.refreshed":
-        return f"instances refreshed ({d.event}): {list(d.ids)}"
-    if t == "coordinator.circuit_changed":
-        return _circuit(d)
-    if t == "coordinator.streams_disrupted":
-        return _streams(d)
-    return t
+    match ev:
+        case NodeRegistered(data=d):
+            extra = " (restored)" if d.restored else ""
+            return f"node {d.node_id} registered as {d.role} {d.engine_type} at {d.pod_ip}{extra}"
+        case NodeDeregistered(data=d):
+            return f"node {d.node_id} deregistered {d.reason}".rstrip()
+        case Heartbeat(data=d):
+            return f"heartbeat from {d.node_id}"
+        case StartCommand(data=d):
+            return f"start sent to {d.node_id} for instance {d.instance_id} (attempt {d.attempt}, rank {d.node_rank})"
+        case StopCommand(data=d):
+            return f"stop sent to {d.node_id} for instance {d.instance_id} {d.reason}".rstrip()
+        case CommandApplied(data=d):
+            return f"{d.verb} applied on {d.node_id}"
+        case CommandRefused(data=d):
+            return f"{d.verb} refused on {d.node_id}: {d.code} {d.reason}"
+        case EndpointStatusChanged(data=d):
+            why = f" ({d.reason})" if d.reason else ""
+            code = f" exit {d.exit_code}" if d.exit_code is not None else ""
+            return f"endpoint {d.node_id}/{d.endpoint_id} {d.previous or '-'} → {d.status}{why}{code}"
+        case FaultReported(data=d):
+            return f"fault.reported {d.level} {d.code} on {d.node_id}" + (
+                f": {d.message}" if d.message else ""
+            )
+        case FaultCleared(data=d):
+            return f"fault {d.fault_id} cleared on {d.node_id}"
+        case PrecisionAlarmRaised(data=d):
+            p = f" / p {d.p_instance_id}" if d.p_instance_id is not None else ""
+            return f"precision alarm raised on d {d.d_instance_id}{p} by {d.detector}: {d.reason}"
+        case PrecisionAlarmCleared(data=d):
+            return f"precision alarm cleared on d {d.d_instance_id}"
+        case SnapshotCheckpoint(data=d):
+            return f"snapshot {d.phase} on {d.node_id}"
+        case InstanceAssembled(data=d):
+            nodes = ",".join(m.node_id for m in d.members)
+            return f"instance {d.instance_id} assembled ({d.role}, {d.engine_type}) on {nodes}"
+        case InstanceStateChanged(data=d):
+            why = f" ({d.reason})" if d.reason else ""
+            return f"instance {d.instance_id} {d.previous or '-'} → {d.state}{why}"
+        case LeaderChanged(data=d):
+            return f"leader {d.previous or '-'} → {d.leader_id} (term {d.term})"
+        case InstancesRefreshed(data=d):
+            return f"instances refreshed ({d.event}): {list(d.ids)}"
+        case CircuitChanged(data=d):
+            return _circuit(d)
+        case StreamsDisrupted(data=d):
+            return _streams(d)
+    return str(getattr(ev, "type", type(ev).__name__))
 
 
-def _circuit(d: Any) -> str:
+def _circuit(d: CircuitChangedData) -> str:
     inc = f"pid {d.pid}" if d.pid is not None else (f"READY seq {d.ready_seq}" if d.ready_seq else "")
     inc = f", incarnation {inc}" if inc else ""
     if d.state == "open":
@@ -106,7 +140,7 @@ def _counts(counts: dict[str, int]) -> str:
     return ", ".join(f"{k} ×{n}" for k, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
-def _streams(d: Any) -> str:
+def _streams(d: StreamsDisruptedData) -> str:
     parts = []
     if d.broken:
         why = f" ({_counts(d.reasons)})" if d.reasons and not d.retried else ""
@@ -121,21 +155,21 @@ def _streams(d: Any) -> str:
     return f"{d.endpoint} via {d.coordinator} over {d.until - d.since:.1f} s: " + "; ".join(parts)
 
 
-def concerns(ev: Any, kind: str, entity: str) -> bool:
+def concerns(ev: EventBase, kind: str, entity: str) -> bool:
     """Whether an event is about the instance or node named."""
-    d = ev.data
+    d = getattr(ev, "data", None)
     if kind == "instance":
         iid = int(entity)
         if getattr(d, "instance_id", None) == iid:
             return True
-        if ev.type.startswith("precision."):
-            return iid in (d.d_instance_id, d.p_instance_id)
+        if isinstance(ev, PrecisionAlarmRaised | PrecisionAlarmCleared):
+            return iid in (ev.data.d_instance_id, ev.data.p_instance_id)
         return False
     if kind == "node":
         if getattr(d, "node_id", None) == entity:
             return True
-        if ev.type == "instance.assembled":
-            return any(m.node_id == entity for m in d.members)
+        if isinstance(ev, InstanceAssembled):
+            return any(m.node_id == entity for m in ev.data.members)
         return False
     raise ValueError(f"unknown entity kind {kind!r} (use instance or node)")
 
@@ -149,7 +183,7 @@ def explain(
     lines: list[ExplainLine] = []
     for rec in reversed(records):
         ev = rec.event
-        if ev.type == "node.heartbeat" or not concerns(ev, kind, entity):
+        if isinstance(ev, Heartbeat) or not concerns(ev, kind, entity):
             continue
         lines.append(
             ExplainLine(rec.seq, ev.ts, rec.subject, summarize(ev), _chain(ev, by_seq, by_id, max_depth))

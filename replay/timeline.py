@@ -13,7 +13,26 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from streams.explain import LoggedEvent, fmt_time, summarize
+from core.events import (
+    CircuitChanged,
+    CircuitChangedData,
+    CommandApplied,
+    CommandRefused,
+    EndpointStatusChanged,
+    FaultCleared,
+    FaultReported,
+    Heartbeat,
+    InstanceAssembled,
+    InstanceStateChanged,
+    LeaderChanged,
+    PrecisionAlarmCleared,
+    PrecisionAlarmRaised,
+    StartCommand,
+    StopCommand,
+    StreamsDisrupted,
+    StreamsDisruptedData,
+)
+from replay.explain import LoggedEvent, fmt_time, summarize
 
 COLORS = {
     "INITIAL": "#9ecae1",
@@ -66,41 +85,42 @@ def build_lanes(records: Sequence[LoggedEvent]) -> tuple[list[Lane], float, floa
     t0, t1 = float("inf"), float("-inf")
     for rec in records:
         ev = rec.event
-        if ev.type == "node.heartbeat":
+        if isinstance(ev, Heartbeat):
             continue
         t0, t1 = min(t0, ev.ts), max(t1, ev.ts)
-        d = ev.data
         title = f"{fmt_time(ev.ts)} seq {rec.seq}: {summarize(ev)}"
-        t = ev.type
-        if t == "instance.assembled":
-            lane(
-                f"instance-{d.instance_id}", f"instance {d.instance_id} ({d.role})", "instance"
-            ).changes.append((ev.ts, "INITIAL", title))
-        elif t == "instance.state_changed":
-            lane(f"instance-{d.instance_id}", f"instance {d.instance_id}", "instance").changes.append(
-                (ev.ts, str(d.state), title)
-            )
-        elif t == "endpoint.status_changed":
-            lane(
-                f"endpoint-{d.node_id}-{d.endpoint_id}", f"endpoint {d.node_id}/{d.endpoint_id}", "endpoint"
-            ).changes.append((ev.ts, str(d.status), title))
-        elif t.startswith("fault."):
-            lane("marks-fault", "faults", "fault").marks.append((ev.ts, title))
-        elif t.startswith("precision."):
-            lane("marks-alarm", "precision alarms", "alarm").marks.append((ev.ts, title))
-        elif t.startswith("command."):
-            lane("marks-command", "commands", "command").marks.append((ev.ts, title))
-        elif t == "controller.leader_changed":
-            lane("marks-leader", "leader changes", "leader").marks.append((ev.ts, title))
-        elif t == "coordinator.circuit_changed":
-            # Beside its endpoint's lane: the coordinator's view of the engine under its facts.
-            lane(
-                f"{_endpoint_lane(d)}-circuit", f"circuit {d.endpoint} ({d.coordinator})", "circuit"
-            ).changes.append((ev.ts, f"CIRCUIT_{d.state.upper()}", title))
-        elif t == "coordinator.streams_disrupted":
-            lane(
-                f"{_endpoint_lane(d)}-streams", f"streams {d.endpoint} ({d.coordinator})", "streams"
-            ).marks.append((ev.ts, title))
+        match ev:
+            case InstanceAssembled(data=d):
+                lane(
+                    f"instance-{d.instance_id}", f"instance {d.instance_id} ({d.role})", "instance"
+                ).changes.append((ev.ts, "INITIAL", title))
+            case InstanceStateChanged(data=d):
+                lane(f"instance-{d.instance_id}", f"instance {d.instance_id}", "instance").changes.append(
+                    (ev.ts, str(d.state), title)
+                )
+            case EndpointStatusChanged(data=d):
+                lane(
+                    f"endpoint-{d.node_id}-{d.endpoint_id}",
+                    f"endpoint {d.node_id}/{d.endpoint_id}",
+                    "endpoint",
+                ).changes.append((ev.ts, str(d.status), title))
+            case FaultReported() | FaultCleared():
+                lane("marks-fault", "faults", "fault").marks.append((ev.ts, title))
+            case PrecisionAlarmRaised() | PrecisionAlarmCleared():
+                lane("marks-alarm", "precision alarms", "alarm").marks.append((ev.ts, title))
+            case StartCommand() | StopCommand() | CommandApplied() | CommandRefused():
+                lane("marks-command", "commands", "command").marks.append((ev.ts, title))
+            case LeaderChanged():
+                lane("marks-leader", "leader changes", "leader").marks.append((ev.ts, title))
+            case CircuitChanged(data=d):
+                # Beside its endpoint's lane: the coordinator's view of the engine under its facts.
+                lane(
+                    f"{_endpoint_lane(d)}-circuit", f"circuit {d.endpoint} ({d.coordinator})", "circuit"
+                ).changes.append((ev.ts, f"CIRCUIT_{d.state.upper()}", title))
+            case StreamsDisrupted(data=d):
+                lane(
+                    f"{_endpoint_lane(d)}-streams", f"streams {d.endpoint} ({d.coordinator})", "streams"
+                ).marks.append((ev.ts, title))
     if t0 == float("inf"):
         t0 = t1 = 0.0
     # Endpoint, circuit and stream lanes share a rank so an endpoint's lanes sort together.
@@ -118,7 +138,7 @@ def build_lanes(records: Sequence[LoggedEvent]) -> tuple[list[Lane], float, floa
     return ordered, t0, t1
 
 
-def _endpoint_lane(d: Any) -> str:
+def _endpoint_lane(d: CircuitChangedData | StreamsDisruptedData) -> str:
     """The key of the endpoint lane a coordinator event belongs beside."""
     if d.node_id is not None and d.endpoint_id is not None:
         return f"endpoint-{d.node_id}-{d.endpoint_id}"

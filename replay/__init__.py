@@ -1,0 +1,1 @@
+"""Analysis of the event log for `motor replay`: explain, timeline, verify (pure; no JetStream)."""
