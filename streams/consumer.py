@@ -8,10 +8,9 @@
 - Nothing drops messages on a big replay: flow control bounds the backlog, not nats-py's
   default subscription limit.
 
-Delivery goes through `streams.rawsub` (a receive-only protocol connection, several times
-cheaper per message than nats-py's subscription machinery) when it can, else through a
-nats-py subscription with its pending limits lifted. Messages come out in batches of
-`Delivery` tuples; decoding is the caller's business.
+Delivery goes through a `streams.sinks` sink: a receive-only protocol connection when it can,
+else a nats-py subscription. Messages come out in batches of `Delivery` tuples; decoding is
+the caller's business.
 """
 
 from __future__ import annotations
@@ -25,16 +24,14 @@ from typing import Any, NamedTuple
 
 import orjson
 from nats.aio.client import Client
-from nats.aio.msg import Msg
-from nats.aio.subscription import Subscription
 from nats.errors import Error as NatsError
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 
 from core.ids import new_id
-from streams.connection import options_for
 from streams.errors import StreamsError
-from streams.rawsub import Frame, RawSubscriber, RawUnsupported
+from streams.rawsub import Frame
+from streams.sinks import Sink, open_sink
 
 log = logging.getLogger(__name__)
 
@@ -101,117 +98,6 @@ def parse_status(hdr: bytes) -> tuple[str, dict[str, str]]:
     return code, headers
 
 
-# --------------------------------------------------------------------------- sinks
-
-
-class _PySink:
-    """Delivery through a nats-py subscription (the fallback)."""
-
-    def __init__(self, nc: Client) -> None:
-        self.nc = nc
-        self.inbox = nc.new_inbox()
-        self._sub: Subscription | None = None
-        self._closed = False
-
-    async def open(self) -> None:
-        # 0 lifts both limits: flow control bounds the backlog instead.
-        self._sub = await self.nc.subscribe(self.inbox, pending_msgs_limit=0, pending_bytes_limit=0)
-
-    async def batch(self, timeout: float) -> list[Frame] | None:  # noqa: ASYNC109
-        sub = self._sub
-        if sub is None or self._closed:
-            return []
-        queue: asyncio.Queue[Msg | None] = sub._pending_queue  # type: ignore[assignment]
-        if queue.empty():
-            try:
-                async with asyncio.timeout(timeout):  # not wait_for: see rawsub.batch
-                    first = await queue.get()
-            except TimeoutError:
-                return None
-            msgs = [first]
-        else:
-            msgs = []
-        while not queue.empty():
-            msgs.append(queue.get_nowait())
-        return [_frame(m) for m in msgs if m is not None]
-
-    async def publish_empty(self, subject: bytes) -> None:
-        await self.nc.publish(subject.decode(), b"")
-
-    def wake(self) -> None:
-        if self._sub is not None:
-            self._sub._pending_queue.put_nowait(None)  # type: ignore[arg-type]
-
-    async def close(self) -> None:
-        self._closed = True
-        self.wake()
-        if self._sub is not None:
-            with contextlib.suppress(Exception):
-                await self._sub.unsubscribe()
-
-
-def _frame(m: Msg) -> Frame:
-    hdr = m.headers
-    if not hdr:
-        raw = b""
-    elif "Status" in hdr:
-        rest = "".join(f"{k}: {v}\r\n" for k, v in hdr.items() if k not in ("Status", "Description"))
-        raw = f"NATS/1.0 {hdr['Status']} {hdr.get('Description', '')}\r\n{rest}\r\n".encode()
-    else:
-        raw = ("NATS/1.0\r\n" + "".join(f"{k}: {v}\r\n" for k, v in hdr.items()) + "\r\n").encode()
-    return (m.subject.encode(), (m.reply or "").encode(), raw, m.data)
-
-
-class _RawSink:
-    """Delivery through a dedicated receive-only connection (the fast path)."""
-
-    def __init__(self, nc: Client, raw: RawSubscriber) -> None:
-        self.inbox = nc.new_inbox()
-        self.raw = raw
-
-    async def open(self) -> None:
-        await self.raw.open(self.inbox)
-
-    async def batch(self, timeout: float) -> list[Frame] | None:  # noqa: ASYNC109
-        return await self.raw.batch(timeout)
-
-    async def publish_empty(self, subject: bytes) -> None:
-        self.raw.publish_empty(subject)
-
-    def wake(self) -> None:
-        self.raw.wake()
-
-    async def close(self) -> None:
-        await self.raw.close()
-
-
-def _raw_subscriber(nc: Client) -> RawSubscriber:
-    url = nc.connected_url
-    if url is None:
-        raise RawUnsupported("client is not connected")
-    opts = options_for(nc)
-    if opts is not None and opts.creds_file:
-        raise RawUnsupported("creds-file auth")
-    user = opts.user if opts else nc.options.get("user")
-    password = opts.password if opts else nc.options.get("password")
-    token = opts.token if opts else nc.options.get("token")
-    tls = opts.tls_context() if opts else nc.options.get("tls")
-    if opts is None and getattr(nc, "_user_credentials", None) is not None:
-        raise RawUnsupported("creds-file auth")
-    if callable(user) or callable(password) or callable(token):
-        raise RawUnsupported("callback credentials")
-    name = f"{nc.options.get('name') or 'motor'}-reader"
-    return RawSubscriber(
-        url.geturl(),
-        name=name,
-        user=user,
-        password=password,
-        token=token,
-        tls=tls,
-        tls_first=bool(opts.tls_first if opts else nc.options.get("tls_handshake_first")),
-    )
-
-
 # --------------------------------------------------------------------------- consumer
 
 
@@ -249,7 +135,7 @@ class PushConsumer:
         self.transport = ""  # "raw" | "nats-py", for logs and tests
         self._cseq = 0
         self._name: str | None = None
-        self._sink: _RawSink | _PySink | None = None
+        self._sink: Sink | None = None
         self._closed = False
 
     def _config(self, inbox: str) -> dict[str, Any]:
@@ -279,25 +165,6 @@ class PushConsumer:
             cfg["deliver_policy"] = "all"
         return cfg
 
-    async def _open_sink(self) -> _RawSink | _PySink:
-        if self.raw is not False:
-            raw_sink: _RawSink | None = None
-            try:
-                raw_sink = _RawSink(self.nc, _raw_subscriber(self.nc))
-                await raw_sink.open()
-                self.transport = "raw"
-                return raw_sink
-            except (RawUnsupported, StreamsError, OSError, TimeoutError) as exc:
-                if raw_sink is not None:
-                    await raw_sink.close()
-                if self.raw:
-                    raise
-                log.info("raw reader unavailable (%s); using nats-py", exc)
-        sink = _PySink(self.nc)
-        await sink.open()
-        self.transport = "nats-py"
-        return sink
-
     async def start(self) -> int:
         """Create the consumer; return how many matching messages it has pending."""
         if self.expect_created is not None:
@@ -308,7 +175,8 @@ class PushConsumer:
                     f"read since {self.expect_created})"
                 )
         # Subscribe before the consumer exists, so its first message has somewhere to go.
-        sink = self._sink = await self._open_sink()
+        sink = self._sink = await open_sink(self.nc, self.raw)
+        self.transport = sink.transport
         config = {**self._config(sink.inbox), "name": new_id()}
         resp = await js_api(
             self.nc, create_subject(self.stream, config), {"stream_name": self.stream, "config": config}
@@ -390,7 +258,7 @@ class PushConsumer:
                 return out
         return []
 
-    async def _handle(self, sink: _RawSink | _PySink, frames: list[Frame]) -> list[Delivery]:
+    async def _handle(self, sink: Sink, frames: list[Frame]) -> list[Delivery]:
         out: list[Delivery] = []
         cseq = self._cseq
         mine = (self._name or "").encode()
@@ -440,7 +308,7 @@ class PushConsumer:
                 self._name, self.stream, self.last_seq, consumer.decode(errors="replace"), subject.decode(errors="replace"),
             )  # fmt: skip
 
-    async def _control(self, sink: _RawSink | _PySink, reply: bytes, hdr: bytes, cseq: int) -> bool:
+    async def _control(self, sink: Sink, reply: bytes, hdr: bytes, cseq: int) -> bool:
         """Handle a status frame; True if the consumer was replaced."""
         code, headers = parse_status(hdr)
         if code == "100":

@@ -32,7 +32,7 @@ from streams.definitions import CHECKPOINT_BUCKET, HB_STREAM, LEADER_BUCKET, MOT
 
 JS_API = "$JS.API"
 ALL_STREAMS = (MOTOR_STREAM, HB_STREAM, kv_stream(LEADER_BUCKET), kv_stream(CHECKPOINT_BUCKET))
-# Kinds of event a node agent reports about itself (core.subjects._KIND_BY_TYPE).
+# Kinds of event a node agent reports about itself (the SUBJECT of its classes in core.events).
 NODE_EVENT_KINDS = ("node", "endpoint", "fault", "snapshot")
 # The coordinator's own fault decisions (coordinator.circuit_changed, .streams_disrupted).
 COORDINATOR_KINDS = ("circuit", "streams")
