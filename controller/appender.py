@@ -90,7 +90,7 @@ class Appender:
             return None
         self.fence = seq
         self.awaited = max(self.awaited, seq)
-        self.metrics.decisions.labels(decision.event.type).inc()  # type: ignore[attr-defined]
+        self.metrics.decisions.labels(decision.event.type).inc()
         log.info("seq %d: %s (every decision is fenced by it)", seq, decision.summary())
         return seq
 
@@ -117,7 +117,7 @@ class Appender:
                 log.warning("append of %s failed: %s; retrying on the next tick", d.summary(), exc)
                 return Outcome.STOPPED
             self.awaited = max(self.awaited, seq)
-            self.metrics.decisions.labels(d.event.type).inc()  # type: ignore[attr-defined]
+            self.metrics.decisions.labels(d.event.type).inc()
             log.info("seq %d: %s", seq, d.summary())
             self.landed += 1
         return Outcome.DONE

@@ -116,6 +116,7 @@ class EventBase(Frozen):
     source: str
     caused_by: CausedBy | None = None
     schema_version: int = 1
+    type: str  # each class narrows it to its own name (the discriminator of AnyEvent)
 
     SCHEMA_VERSION: ClassVar[int] = 1
     # Where events of the class are published; every concrete class sets it.

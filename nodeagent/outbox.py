@@ -98,7 +98,7 @@ class Outbox:
         loop = asyncio.get_running_loop()
         delay = 0.1
         refused_since: float | None = None
-        etype: str = event.type  # type: ignore[attr-defined]
+        etype: str = event.type
         while True:
             try:
                 return await self.publisher.publish(event)
@@ -123,6 +123,6 @@ class Outbox:
 
     def on_rejected_for_good(self, event: EventBase, exc: Exception) -> None:
         """An event that cannot be published: log it with its id, count it, move on."""
-        etype: str = event.type  # type: ignore[attr-defined]
+        etype: str = event.type
         self.metrics.events_dropped.labels(self.metrics.node_id, etype).inc()
         log.error("event %s %s dropped, it cannot be published: %s", etype, event.id, exc)

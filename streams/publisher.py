@@ -34,7 +34,7 @@ WRONG_LAST_SEQUENCE = 10071  # JetStream error code: wrong last sequence
 
 def headers_for(event: EventBase) -> dict[str, str]:
     """The headers every Motor message carries."""
-    return {MSG_ID: event.id, MOTOR_TYPE: event.type}  # type: ignore[attr-defined]
+    return {MSG_ID: event.id, MOTOR_TYPE: event.type}
 
 
 def _api_error(exc: APIError, subject: str, expected: int | None) -> StreamsError:
