@@ -33,7 +33,7 @@ from core.state import ClusterState
 from streams.checkpoint import Origin, load_checkpoint_origin, save_checkpoint
 from streams.connection import NatsOptions, connect
 from streams.consumer import js_api
-from streams.definitions import MOTOR_STREAM, ensure_streams
+from streams.definitions import HB_STREAM, MOTOR_STREAM, ensure_streams
 from streams.errors import StreamsError
 from streams.livefold import LiveFold
 from streams.lostlog import Loss, StreamView, stale_checkpoint
@@ -76,6 +76,8 @@ class ControllerService:
         self.clock = clock
         self.checkpoint_key = checkpoint_key
         self.metrics = ControllerMetrics(controller_id)
+        self._motor_folded = self.metrics.events.labels(MOTOR_STREAM)
+        self._hb_folded = self.metrics.events.labels(HB_STREAM)
         self.fold = Fold()
         self.caught_up = asyncio.Event()  # the LiveFold's: cleared while a lost log is folded again
         self.started = asyncio.Event()
@@ -141,7 +143,7 @@ class ControllerService:
                 nc,
                 self._fold_motor,
                 start_seq=start,
-                heartbeats=self.fold.heartbeat,
+                heartbeats=self._fold_hb,
                 on_lost=self._on_log_lost,
                 on_skip=self._on_skip,
                 name=f"controller/{self.id}",
@@ -202,7 +204,13 @@ class ControllerService:
     def _fold_motor(self, rec: Record) -> None:
         self.fold.motor(rec)
         self._event_ts = rec.event.ts
-        self.metrics.events.labels(MOTOR_STREAM).inc()
+        self._motor_folded.inc()
+
+    def _fold_hb(self, rec: Record) -> None:
+        self.fold.heartbeat(rec)
+        self._hb_folded.inc()
+        if self.caught_up.is_set():  # heartbeats replayed at start-up are old, not late
+            self.metrics.hb_lag.observe(max(0.0, time.time() - rec.event.ts))
 
     def _on_skip(self, skipped: Skipped) -> None:
         self.metrics.skipped.labels(skipped.reason).inc()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from tests.integration.controller_harness import Cluster, assembled, state_is
@@ -43,6 +44,23 @@ async def test_union_instance_assembled_started_and_active(cluster: Cluster) -> 
     status, text = await ctl.get("/metrics")
     assert status == 200 and "motor_controller_is_leader 1.0" in text
     assert 'motor_controller_decisions_total{type="command.start"} 1.0' in text
+    # Heartbeats are folded, counted and their lag observed (the heartbeat bench reads these).
+    deadline = asyncio.get_running_loop().time() + 30
+    while True:
+        _, text = await ctl.get("/metrics")
+        folded = _sample(text, 'motor_controller_events_folded_total{stream="MOTOR_HB"}')
+        observed = _sample(text, "motor_controller_heartbeat_lag_seconds_count")
+        if folded > 0 and observed > 0:
+            break
+        assert asyncio.get_running_loop().time() < deadline, (folded, observed)
+        await asyncio.sleep(0.5)  # polling another process's metrics
+
+
+def _sample(text: str, name: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
 
 
 async def test_prefill_decode_pair_assembled_from_their_own_roles(cluster: Cluster) -> None:
