@@ -27,6 +27,7 @@ from nodeagent.engines import Endpoint, Engines
 from nodeagent.loadmetrics import Load, scrape
 from nodeagent.metrics import AgentMetrics
 from nodeagent.settings import AgentSettings
+from streams.cancelling import honour_swallowed_cancel
 from streams.errors import StreamsError
 from streams.publisher import Publisher
 
@@ -140,4 +141,6 @@ class Heartbeats:
             await self.nc.request(JS_INFO, b"", timeout=max(1.0, self.settings.heartbeat_interval))
         except (NatsError, TimeoutError, OSError):
             return False
+        finally:
+            honour_swallowed_cancel()  # the request's wait_for may have eaten the agent's cancel
         return True

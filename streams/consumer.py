@@ -29,6 +29,7 @@ from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 
 from core.ids import new_id
+from streams.cancelling import honour_swallowed_cancel
 from streams.errors import StreamsError
 from streams.rawsub import Frame
 from streams.sinks import Sink, open_sink
@@ -68,6 +69,8 @@ async def js_api(nc: Client, subject: str, body: dict[str, Any] | None = None) -
         raise StreamsError(f"{subject}: JetStream is not enabled on this server") from None
     except (NatsTimeoutError, TimeoutError):
         raise StreamsError(f"{subject}: no answer within {API_TIMEOUT}s") from None
+    finally:
+        honour_swallowed_cancel()  # nats-py's request may have eaten our caller's cancel
     resp: dict[str, Any] = orjson.loads(msg.data)
     err = resp.get("error")
     if err:

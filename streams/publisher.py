@@ -22,6 +22,7 @@ from nats.js.errors import APIError, NoStreamResponseError
 from core import subjects
 from core.codec import encode
 from core.events import EventBase
+from streams.cancelling import honour_swallowed_cancel
 from streams.errors import PublishFailed, PublishTimeout, SequenceConflict, StreamsError
 
 MSG_ID = "Nats-Msg-Id"
@@ -84,6 +85,8 @@ class Publisher:
             raise PublishFailed(f"{subject}: no stream takes this subject (run ensure_streams)") from None
         except NatsError as exc:  # reconnecting, connection closed, buffer full: not landed (yet)
             raise PublishFailed(f"{subject}: {exc or type(exc).__name__}") from None
+        finally:
+            honour_swallowed_cancel()  # nats-py's request may have eaten our caller's cancel
         return int(ack.seq)
 
     async def publish_async(self, event: EventBase) -> None:
