@@ -24,7 +24,17 @@ import orjson
 from nats.aio.client import Client
 
 from core import subjects
-from core.events import EndpointSpec, Role, StartCommand, StartCommandData, StopCommand, StopCommandData
+from core.events import (
+    EndpointSpec,
+    InstanceAssembled,
+    InstanceAssembledData,
+    InstanceMember,
+    Role,
+    StartCommand,
+    StartCommandData,
+    StopCommand,
+    StopCommandData,
+)
 from core.ids import new_id
 from streams.reader import Follower, Record
 
@@ -235,6 +245,27 @@ class EventTail:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         await self._follower.close()
+
+
+def assembled(
+    node_id: str,
+    endpoints: tuple[EndpointSpec, ...],
+    *,
+    instance_id: int = 7,
+    job_name: str = "motor",
+    role: Role = Role.UNION,
+) -> InstanceAssembled:
+    """The controller's assembly of a one-node instance: in a cluster it precedes every start.
+
+    Without it the agent's resync observer finds it runs an instance the log does not know
+    and registers again (~2 resync intervals later), re-asserting its endpoints' status.
+    """
+    member = InstanceMember(node_id=node_id, node_rank=0, ip="127.0.0.1", endpoints=endpoints)
+    data = InstanceAssembledData(
+        instance_id=instance_id, role=role, engine_type="builtin", model="motor-sim", job_name=job_name,
+        members=(member,), master_dp_ip="127.0.0.1",
+    )  # fmt: skip
+    return InstanceAssembled(id=new_id(), ts=time.time(), source="test/controller", data=data)
 
 
 def start_command(

@@ -30,6 +30,7 @@ from streams.publisher import Publisher
 from tests.integration.nodeagent_harness import (
     Agent,
     EventTail,
+    assembled,
     pid_alive,
     start_command,
     stop_command,
@@ -90,7 +91,8 @@ async def test_register_start_ready_kill_dead_stop(
     assert d.capacity.total_blocks == 512
     assert d.agent_url == agent.url and d.instance_id is None and d.running_endpoints == ()
 
-    # Start, as the controller would.
+    # Assemble and start, as the controller would (no re-registration for an unknown instance).
+    await pub.publish(assembled(node, d.endpoints))
     mark = tail.index()
     start = start_command(node, d.endpoints)
     await pub.publish(start)
@@ -222,6 +224,7 @@ async def test_restart_adopts_running_engines_and_resyncs(
     agents.append(first)
     pub = Publisher(js)
     reg = await tail.wait(is_(NodeRegistered, node))
+    await pub.publish(assembled(node, reg.data.endpoints, instance_id=9))
     await pub.publish(start_command(node, reg.data.endpoints, instance_id=9))
     await tail.wait(is_(EndpointStatusChanged, node, status=EndpointStatus.READY))
     pid = (await first.status())["endpoints"][0]["pid"]
