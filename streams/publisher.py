@@ -123,7 +123,8 @@ class Publisher:
         remaining = deadline - time.monotonic()
         try:
             if not fut.done():
-                await asyncio.wait_for(asyncio.shield(fut), max(remaining, 0.0))
+                async with asyncio.timeout(max(remaining, 0.0)):  # not wait_for: it can eat a cancel
+                    await asyncio.shield(fut)
             fut.result()
         except TimeoutError:
             fut.cancel()
