@@ -15,6 +15,7 @@ import pytest
 import pytest_asyncio
 from nats.aio.client import Client
 from nats.js import JetStreamContext
+from nats.js.api import StreamConfig
 from nats.js.errors import NotFoundError
 
 from streams.connection import connect
@@ -28,6 +29,7 @@ from streams.definitions import (
 )
 from streams.server import EmbeddedNats
 
+ANCHOR_STREAM = "PYTEST_ANCHOR"
 ALL_STREAMS = (MOTOR_STREAM, HB_STREAM, kv_stream(LEADER_BUCKET), kv_stream(CHECKPOINT_BUCKET))
 
 
@@ -38,9 +40,25 @@ async def nats_server(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator
     server = EmbeddedNats(base / "data", log_file=base / "nats-server.log")
     await server.start()
     try:
+        await _anchor_the_account_store(server)
         yield server
     finally:
         await server.stop()
+
+
+async def _anchor_the_account_store(server: EmbeddedNats) -> None:
+    """Keep one stream no test deletes, so the account's store directory never empties.
+
+    Deleting an account's last stream makes nats-server remove the account's store
+    directories in the background; a stream created at that moment (the `js` fixture deletes
+    every Motor stream, then creates them) fails with "could not create storage directory"
+    (seen as "error creating store for stream" on a loaded machine).
+    """
+    client = await connect(server.url, name="pytest-anchor")
+    try:
+        await client.jetstream().add_stream(StreamConfig(name=ANCHOR_STREAM, subjects=["pytest.anchor"]))
+    finally:
+        await client.close()
 
 
 @pytest_asyncio.fixture(loop_scope="session")
