@@ -28,6 +28,8 @@ class EventPublisher(Protocol):
 class LogPosition(Protocol):
     """What the context needs of the fold that feeds it (`streams.livefold.LiveFold`)."""
 
+    caught_up_once: bool
+
     async def wait_for(self, seq: int, within: float) -> bool: ...
 
 
@@ -58,8 +60,13 @@ class CoordinatorContext:
         return await self.log.wait_for(seq, within)
 
     def readiness(self) -> tuple[bool, str]:
-        """(ready, reason): caught up with the log and some model has a usable route."""
-        if not self.caught_up.is_set():
+        """(ready, reason): the table holds the log and some model has a usable route.
+
+        Once caught up, a lost log does not make the coordinator unready: it serves from its
+        table while the new log is folded on top (coordinator.feed).
+        """
+        held = self.caught_up.is_set() or (self.log is not None and self.log.caught_up_once)
+        if not held:
             return False, "replaying the event log"
         models = self.table.models()
         if not models:

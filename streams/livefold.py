@@ -85,6 +85,9 @@ class LiveFold:
         # Set once what the streams held at (re)start is folded; cleared while the fold starts
         # over after a lost log. A caller may pass its own event to be set.
         self.caught_up = caught_up if caught_up is not None else asyncio.Event()
+        # Whether the fold has ever caught up: a caller serving from what it folded keeps
+        # serving across a lost log, while `caught_up` is clear again.
+        self.caught_up_once = False
         self.position = 0
         self.hearing_since = 0.0
         self.lost = 0
@@ -233,6 +236,7 @@ class LiveFold:
         lane.caught_up = True
         if self._motor.caught_up and (self._hb is None or self._hb.caught_up):
             self.caught_up.set()
+            self.caught_up_once = True
             self.hearing_since = self.clock()
             log.info("%s: caught up with %s at seq %d", self.name, self.stream, self.position)
 
