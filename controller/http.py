@@ -16,32 +16,28 @@ from typing import Annotated, Any
 
 import orjson
 from fastapi import Depends, FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from controller.errors import ControllerError, NotServing
 from controller.service import ControllerService
 from controller.views import alarms_view, instances_view, nodes_view
+from core.http_errors import openai_error
 from core.redact import redact
 from core.state import state_to_dict
 from http1.auth import METRICS, Access, Guard, GuardMiddleware
 
 log = logging.getLogger(__name__)
 
-
-_ERROR_TYPES = {401: "authentication_error", 403: "permission_error", 503: "service_unavailable"}
-
-
-def error_body(status: int, message: str, code: str) -> JSONResponse:
-    """An OpenAI-shaped error: `{"error": {"message", "type", "code"}}`."""
-    kind = _ERROR_TYPES.get(status) or ("server_error" if status >= 500 else "invalid_request_error")
-    return JSONResponse({"error": {"message": message, "type": kind, "code": code}}, status_code=status)
-
-
 _PROBES = frozenset({"/liveness", "/readiness"})
+# Codes of the errors FastAPI's routing raises.
+_ROUTING_CODES = {404: "not_found", 405: "method_not_allowed"}
 
 
-def _error_bytes(status: int, message: str, code: str) -> bytes:
-    return bytes(error_body(status, message, code).body)
+def error_response(status: int, message: str, code: str | None) -> Response:
+    """An OpenAI-shaped error response (`core.http_errors`)."""
+    return Response(openai_error(status, message, code), status_code=status, media_type="application/json")
 
 
 def _service(request: Request) -> ControllerService:
@@ -87,12 +83,26 @@ def create_app(
         return Access.PUBLIC if path in public else Access.USER
 
     guard = Guard(ctl.api_keys, admin_field="controller.api_keys")
-    app.add_middleware(GuardMiddleware, guard=guard, error_body=_error_bytes, access=access)
+    app.add_middleware(GuardMiddleware, guard=guard, error_body=openai_error, access=access)
+
+    @app.exception_handler(ControllerError)
+    async def _ours(request: Request, exc: ControllerError) -> Response:
+        return error_response(exc.status, exc.message, exc.code)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _routing(request: Request, exc: StarletteHTTPException) -> Response:
+        if exc.status_code == 404:
+            message = f"no route for {request.url.path}"
+        elif exc.status_code == 405:
+            message = f"{request.method} is not allowed on {request.url.path}"
+        else:
+            message = str(exc.detail)
+        return error_response(exc.status_code, message, _ROUTING_CODES.get(exc.status_code))
 
     @app.exception_handler(Exception)
-    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+    async def _unexpected(request: Request, exc: Exception) -> Response:
         log.exception("unexpected error on %s", request.url.path)
-        return error_body(500, f"internal error: {type(exc).__name__}", "internal_error")
+        return error_response(500, f"internal error: {type(exc).__name__}", "internal_error")
 
     @app.get("/liveness")
     async def liveness(request: Request, svc: Service) -> Any:
@@ -101,16 +111,16 @@ def create_app(
             why = "the controller loop has stopped"
             if task is not None and not task.cancelled() and task.exception() is not None:
                 why += f": {task.exception()}"
-            return error_body(503, why, "not_alive")
+            raise NotServing(why, code="not_alive")
         return {"status": "alive", "id": svc.id}
 
     @app.get("/readiness")
     async def readiness(svc: Service) -> Any:
         st = svc.status()
         if not st.caught_up:
-            return error_body(503, f"controller {st.id} is still replaying the log", "replaying")
+            raise NotServing(f"controller {st.id} is still replaying the log", code="replaying")
         if not st.leader:
-            return error_body(503, f"controller {st.id} is a standby (leader: {st.leader_id})", "standby")
+            raise NotServing(f"controller {st.id} is a standby (leader: {st.leader_id})", code="standby")
         return {"status": "ready", "id": st.id, "leader": True, "term": st.term, "seq": st.last_seq}
 
     @app.get("/metrics")

@@ -11,6 +11,8 @@ from typing import Any
 
 import orjson
 
+from core.http_errors import anthropic_sse_error, message_of
+
 _FINISH = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use", "function_call": "tool_use"}
 
 
@@ -169,7 +171,7 @@ class StreamTranslator:
                         continue  # not a chunk (a comment or keep-alive); nothing to translate
                     if isinstance(chunk, dict):
                         if "error" in chunk and not chunk.get("choices"):
-                            out += self.error(str((chunk["error"] or {}).get("message", "engine error")))
+                            out += self.error(message_of(payload))
                         else:
                             out += self.feed(chunk)
         return out
@@ -208,4 +210,4 @@ class StreamTranslator:
     def error(self, message: str, type_: str = "api_error") -> bytes:
         """An Anthropic `error` event; the stream ends after it."""
         self._finished = True
-        return sse_event("error", {"type": "error", "error": {"type": type_, "message": message}})
+        return anthropic_sse_error(500, message, type_=type_)

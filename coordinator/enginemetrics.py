@@ -21,12 +21,17 @@ import logging
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import orjson
 
 from coordinator.metrics import CoordinatorMetrics
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+    from coordinator.context import CoordinatorContext
 
 log = logging.getLogger(__name__)
 
@@ -217,7 +222,7 @@ class EngineScraper:
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 
 
-def install_engine_metrics(app: Any, ctx: Any) -> EngineScraper:
+def install_engine_metrics(app: FastAPI, ctx: CoordinatorContext) -> EngineScraper:
     """Add the engine-metrics and SD routes to the management app; scrape while it runs."""
     from fastapi.responses import Response
 

@@ -22,6 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from prometheus_client import Counter
+
 from coordinator.breaker import BreakerState, CircuitChange
 from coordinator.table import RoutingTable
 from core.events import (
@@ -52,8 +54,8 @@ class EventPublisher(Protocol):
 class OutboxMetrics(Protocol):
     """The counters the outbox keeps (see `coordinator.metrics`)."""
 
-    fault_events: Any
-    fault_events_dropped: Any
+    fault_events: Counter
+    fault_events_dropped: Counter
 
 
 class Outbox:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Annotated, Any
 
 import orjson
@@ -19,14 +20,16 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from coordinator.context import CoordinatorContext
 from coordinator.enginemetrics import install_engine_metrics
-from coordinator.errors import CoordinatorError, error_body
+from coordinator.errors import CoordinatorError
 from coordinator.mgmt_schema import ALARM_BODY, ERRORS, REFRESH_BODY
 from coordinator.refresh import validate_refresh
 from coordinator.routes import describe_plan
 from core.events import InstancesRefreshed, PrecisionAlarmCleared, PrecisionAlarmClearedData
+from core.http_errors import openai_error
 from core.ids import new_id
 from http1.auth import METRICS, PROBES, Access, Guard, GuardMiddleware
 
@@ -50,7 +53,7 @@ Ctx = Annotated[CoordinatorContext, Depends(_ctx)]
 
 def _error(status: int, message: str, code: str | None = None, type_: str | None = None) -> Response:
     return Response(
-        error_body(status, message, type_, code), status_code=status, media_type="application/json"
+        openai_error(status, message, code, type_=type_), status_code=status, media_type="application/json"
     )
 
 
@@ -95,7 +98,7 @@ async def _append(ctx: CoordinatorContext, event: InstancesRefreshed | Precision
     return seq
 
 
-def _guarded(ctx: CoordinatorContext) -> tuple[Guard, Any]:
+def _guarded(ctx: CoordinatorContext) -> tuple[Guard, Callable[[str], Access]]:
     s = ctx.settings
     guard = Guard(s.api_keys, s.admin_keys, admin_field="coordinator.admin_keys")
     # Metrics stay where a Prometheus scraper reaches them without a key, unless told otherwise.
@@ -121,7 +124,7 @@ def create_mgmt_app(ctx: CoordinatorContext) -> FastAPI:
         GuardMiddleware,
         guard=guard,
         access=access,
-        error_body=lambda st, msg, code: error_body(st, msg, None, code),
+        error_body=openai_error,
     )
     _install_error_handlers(app)
     install_engine_metrics(app, ctx)  # /metrics/engines, /prometheus/targets (seed 002 metrics module)
@@ -296,16 +299,16 @@ class CatchAll:
     bridge (the proxy's) would see as a failed request with no response.
     """
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: ASGIApp) -> None:
         self.app = app
 
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         started = False
 
-        async def tracking_send(message: Any) -> None:
+        async def tracking_send(message: Message) -> None:
             nonlocal started
             if message["type"] == "http.response.start":
                 started = True
@@ -317,7 +320,7 @@ class CatchAll:
             log.exception("management request %s %s failed", scope.get("method"), scope.get("path"))
             if started:
                 return  # a response is under way; nothing sane to add
-            body = error_body(500, f"internal error: {type(exc).__name__}")
+            body = openai_error(500, f"internal error: {type(exc).__name__}")
             headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
             await send({"type": "http.response.start", "status": 500, "headers": headers})
             await send({"type": "http.response.body", "body": body})

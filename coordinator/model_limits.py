@@ -10,9 +10,12 @@ above it is refused before it costs an engine anything.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from core.state import ClusterState
+
+if TYPE_CHECKING:
+    from coordinator.table import RoutingTable
 
 
 def model_limits(state: ClusterState) -> dict[str, int]:
@@ -49,7 +52,7 @@ def _external_limit(raw: dict[str, Any]) -> int | None:
 class ModelLimits:
     """`model_limits` of a routing table's state, recomputed only when the log moved."""
 
-    def __init__(self, table: Any) -> None:
+    def __init__(self, table: RoutingTable) -> None:
         self.table = table
         self._seq = -1
         self._limits: dict[str, int] = {}

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from coordinator.breaker import Breakers, BreakerState, CircuitChange
 from coordinator.context import CoordinatorContext
@@ -20,7 +20,7 @@ from coordinator.faultlog import FaultLog, Outbox
 from coordinator.metrics import BREAKER_CLOSED, BREAKER_HALF_OPEN, BREAKER_OPEN
 from coordinator.policies import Policy, make_policy
 from coordinator.proxy.app import ProxyApp
-from coordinator.proxy.asgi import Lifespan
+from coordinator.proxy.asgi import ASGIApp, Lifespan
 from coordinator.proxy.exchange import Upstreams
 from coordinator.proxy.flows import Flows
 from coordinator.proxy.pool import UpstreamPool
@@ -29,6 +29,14 @@ from coordinator.table import Incarnation
 from core.config import CoordinatorConfig
 from core.events import Role
 from http1.metrics import HttpCollector
+
+if TYPE_CHECKING:
+    from nats.aio.client import Client
+
+    from coordinator.proxy.precision import PrecisionHook
+    from coordinator.ratelimit import RateLimiter
+    from streams.connection import NatsOptions
+    from streams.livefold import LiveFold
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +75,9 @@ class Proxy:
             await self.outbox.close()
 
 
-def build_proxy(ctx: CoordinatorContext, *, mgmt_app: Any = None, name: str = "coordinator") -> Proxy:
+def build_proxy(
+    ctx: CoordinatorContext, *, mgmt_app: ASGIApp | None = None, name: str = "coordinator"
+) -> Proxy:
     """The /v1 handler over `ctx`: breakers wired into the table, the metrics and the fault log
     (whose outbox appends circuit and stream events when `ctx` has a publisher)."""
     s = ctx.settings
@@ -133,7 +143,7 @@ def build_proxy(ctx: CoordinatorContext, *, mgmt_app: Any = None, name: str = "c
     return Proxy(app, ups, faults, outbox)
 
 
-def _limiter(s: CoordinatorConfig) -> Any:
+def _limiter(s: CoordinatorConfig) -> RateLimiter | None:
     rl = s.rate_limit
     if not (rl.requests_per_second or rl.max_in_flight):
         return None
@@ -142,7 +152,7 @@ def _limiter(s: CoordinatorConfig) -> Any:
     return RateLimiter(rl)
 
 
-def _detector(ctx: CoordinatorContext) -> Any:
+def _detector(ctx: CoordinatorContext) -> PrecisionHook | None:
     if not ctx.settings.precision_detector.enabled:
         return None
     from coordinator.proxy.precision import PrecisionHook
@@ -156,7 +166,7 @@ class CoordinatorService:
     def __init__(
         self,
         settings: CoordinatorConfig,
-        nats: Any,
+        nats: NatsOptions | str | list[str],
         *,
         host: str | None = None,
         port: int | None = None,
@@ -164,7 +174,7 @@ class CoordinatorService:
         name: str = "coordinator",
     ) -> None:
         self.settings = settings
-        self.nats = nats  # NatsOptions | url | list of urls
+        self.nats = nats
         self.host = host if host is not None else settings.host
         self.want_port = port if port is not None else settings.port
         if mgmt_port is not None:
@@ -173,8 +183,8 @@ class CoordinatorService:
         self.ctx: CoordinatorContext | None = None
         self.server: ProxyServer | None = None
         self.mgmt_server: ProxyServer | None = None
-        self._nc: Any = None
-        self._fold: Any = None  # streams.livefold.LiveFold, made in start()
+        self._nc: Client | None = None
+        self._fold: LiveFold | None = None  # made in start()
         self._lifespan: Lifespan | None = None
         self._proxy: Proxy | None = None
 
@@ -201,15 +211,11 @@ class CoordinatorService:
         )
         self._fold = follow_log(ctx, self._nc, name=f"coordinator/{self.name}")
         await self._fold.start()
-        mgmt = None
-        try:
-            from coordinator.mgmt import create_mgmt_app  # type: ignore[import-not-found,unused-ignore]
-        except ImportError:  # the management app lands separately; /v1 works without it
-            log.warning("coordinator.mgmt is not available; serving /v1 only")
-        else:
-            mgmt = create_mgmt_app(ctx)
-            self._lifespan = Lifespan(mgmt)
-            await self._lifespan.start()
+        from coordinator.mgmt import create_mgmt_app
+
+        mgmt = create_mgmt_app(ctx)
+        self._lifespan = Lifespan(mgmt)
+        await self._lifespan.start()
         self._proxy = build_proxy(ctx, mgmt_app=mgmt, name=self.name)
         limits = self.settings.http
         self.server = ProxyServer(self._proxy.app, max_body=self.settings.max_body_bytes, limits=limits)
@@ -218,7 +224,7 @@ class CoordinatorService:
         http = HttpCollector("motor_coordinator")
         assert self.server.watchdog is not None
         http.add(self.server.watchdog)
-        if mgmt is not None and self.settings.mgmt_port is not None:  # seed 001: the manage port
+        if self.settings.mgmt_port is not None:  # seed 001: the manage port
             from coordinator.proxy.mgmtport import start_mgmt_server
 
             mp = self.settings.mgmt_port

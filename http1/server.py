@@ -97,8 +97,8 @@ def _normal(raw: bytes) -> bytes:
 
 
 Handler = Callable[["ClientConn", Request], Awaitable[None] | None]
-# The server's error body for (status, message, code): every refusal and 500 carries it.
-ErrorBody = Callable[[int, str, str | None], bytes]
+# (path, status, message, code) -> every refusal's and 500's body (the path picks a dialect).
+ErrorBody = Callable[[bytes, int, str, str | None], bytes]
 
 
 class Relay(Protocol):
@@ -178,7 +178,9 @@ class ClientConn(LimitedProtocol):
             self.drain_waiter.set_result(None)
 
     def error_response(self, status: int, message: str, code: str) -> bytes:
-        return wire.simple_response(status, self.error_body(status, message, code), keep_alive=False)
+        raw = self.head.url.partition(b"?")[0]  # refused mid-head: the path read so far, if any
+        path = _normal(raw) if raw and self.normalize_paths else raw
+        return wire.simple_response(status, self.error_body(path, status, message, code), keep_alive=False)
 
     def busy(self) -> bool:
         return self.task is not None or bool(self.queue)
@@ -291,7 +293,8 @@ class ClientConn(LimitedProtocol):
             # Whatever was written, the response is no longer in a known state.
             self.close()
             return
-        body = self.error_body(500, f"internal error ({type(exc).__name__}); request {req.rid or '-'}", None)
+        message = f"internal error ({type(exc).__name__}); request {req.rid or '-'}"
+        body = self.error_body(req.path, 500, message, None)
         self.send(req, 500, body, extra=[(b"x-request-id", req.rid.encode())] if req.rid else None)
 
     def log_failure(self, req: Request, exc: BaseException) -> None:

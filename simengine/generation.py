@@ -47,7 +47,7 @@ class Generator:
     def handle(self, g: GenRequest) -> HandlerResult:
         """Answer now when possible, else return the coroutine that will."""
         if self.faults.roll_error():
-            return Response(500, ApiError(500, "injected fault: error_rate", "InternalServerError").body())
+            return Response(500, ApiError(500, "injected fault: error_rate").body())
         if self.engine.suspended:
             raise ApiError(503, "engine is suspended for a container snapshot; POST /resume first")
         cap = 1 if g.bootstrap is not None and self.engine.settings.role == "prefill" else None

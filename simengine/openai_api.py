@@ -13,12 +13,9 @@ from typing import Any
 
 import orjson
 
+from core.http_errors import engine_error, error_types
 from simengine.textgen import Sampling
 from simengine.tokenizer import TemplateError, render_chat
-
-_TYPES = {400: "BadRequestError", 404: "NotFoundError", 408: "RequestTimeout", 409: "ConflictError",
-          410: "GoneError", 429: "TooManyRequests", 501: "NotImplementedError", 502: "BadGateway",
-          503: "ServiceUnavailable", 504: "GatewayTimeout"}  # fmt: skip
 
 
 class ApiError(Exception):
@@ -28,7 +25,7 @@ class ApiError(Exception):
         super().__init__(message)
         self.status = status
         self.message = message
-        self.type = type_ or _TYPES.get(status, "InternalServerError" if status >= 500 else "BadRequestError")
+        self.type = type_ or error_types(status).engine
         self.param = param
 
     def body(self) -> bytes:
@@ -38,7 +35,7 @@ class ApiError(Exception):
 
 def error_body(status: int, message: str, type_: str, param: str | None = None) -> bytes:
     """`{"error": {"message", "type", "param", "code"}}` as vLLM sends it."""
-    return orjson.dumps({"error": {"message": message, "type": type_, "param": param, "code": status}})
+    return engine_error(status, message, type_=type_, param=param)
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,6 +19,7 @@ from typing import Any
 import orjson
 
 from core.config import HttpLimitsConfig
+from core.http_errors import engine_error
 from http1.metrics import HttpCollector
 from http1.server import ClientConn, Request, Server
 
@@ -94,21 +95,9 @@ class Router:
         return 404
 
 
-_ERROR_TYPES = {
-    404: "NotFoundError",
-    405: "MethodNotAllowed",
-    408: "RequestTimeout",
-    413: "PayloadTooLarge",
-    414: "URITooLong",
-    431: "RequestHeaderFieldsTooLarge",
-    503: "ServiceUnavailable",
-}
-
-
-def error_body(status: int, message: str, code: str | None = None) -> bytes:
-    """The engine's error body, as vLLM shapes it (`code` is the HTTP status there)."""
-    kind = _ERROR_TYPES.get(status) or ("InternalServerError" if status >= 500 else "BadRequestError")
-    return orjson.dumps({"error": {"message": message, "type": kind, "param": None, "code": status}})
+def error_body(path: bytes, status: int, message: str, code: str | None = None) -> bytes:
+    """The engine's error body on any path, as vLLM shapes it (`code` is the HTTP status there)."""
+    return engine_error(status, message)
 
 
 _REASONS = {s.value: s.phrase for s in HTTPStatus}
@@ -159,9 +148,9 @@ class Dispatch:
                 if status == 404
                 else f"method {req.method.decode('latin-1')} not allowed on {req.path.decode('latin-1')}"
             )
-            result = Response(status, error_body(status, text))
+            result = Response(status, engine_error(status, text))
         elif req.too_large:
-            result = Response(413, error_body(413, f"request body over the limit of {conn.max_body} bytes"))
+            result = Response(413, engine_error(413, f"request body over the limit of {conn.max_body} bytes"))
         else:
             try:
                 result = handler(req)

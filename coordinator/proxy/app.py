@@ -20,13 +20,15 @@ import itertools
 import logging
 import os
 import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import orjson
 
-from coordinator.errors import CoordinatorError, anthropic_error_body, error_body
+from coordinator.errors import CoordinatorError, error_for_path
+from coordinator.metrics import CoordinatorMetrics
 from coordinator.model_limits import ModelLimits
-from coordinator.proxy.asgi import serve_asgi
+from coordinator.proxy.asgi import ASGIApp, serve_asgi
 from coordinator.proxy.call import RESERVED, Call, client_request_id
 from coordinator.proxy.flows import Flows
 from coordinator.proxy.native import NativeRoutes, handles
@@ -39,7 +41,6 @@ EMBEDDINGS = b"/v1/embeddings"
 MESSAGES = b"/v1/messages"
 COUNT_TOKENS = b"/v1/messages/count_tokens"
 MODELS = b"/v1/models"
-_ANTHROPIC = frozenset({MESSAGES, COUNT_TOKENS})
 _PROBES = frozenset(p.encode() for p in PROBES)
 # Output budgets a body may carry, per route.
 _BUDGETS = {
@@ -64,7 +65,8 @@ _GENERATION = {
 class Refusal(Protocol):
     """What a limiter says when it refuses (see `coordinator.ratelimit.Refusal`)."""
 
-    reason: str
+    @property
+    def reason(self) -> str: ...
 
     @property
     def header(self) -> str: ...
@@ -90,11 +92,11 @@ class ProxyApp:
         *,
         api_keys: list[str] | tuple[str, ...] = (),
         admin_keys: list[str] | tuple[str, ...] = (),
-        metrics: Any = None,
-        mgmt_app: Any = None,
+        metrics: CoordinatorMetrics | None = None,
+        mgmt_app: ASGIApp | None = None,
         mgmt_probes_only: bool = False,
         limiter: Limiter | None = None,
-        on_done: Any = None,
+        on_done: Callable[[Call], None] | None = None,
         request_timeout: float | None = None,
     ) -> None:
         self.flows = flows
@@ -327,11 +329,7 @@ class ProxyApp:
         code: str | None = None,
         extra: list[tuple[bytes, bytes]] | None = None,
     ) -> None:
-        if req.path in _ANTHROPIC:
-            body = anthropic_error_body(status, message)
-        else:
-            body = error_body(status, message, None, code)
-        conn.send(req, status, body, extra=extra)
+        conn.send(req, status, error_for_path(req.path, status, message, code), extra=extra)
         if self.metrics is not None:
             route = _GENERATION.get(req.path, ("other", b""))[0]
             self.metrics.stats.count(route, status)

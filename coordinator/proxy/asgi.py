@@ -10,10 +10,12 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from starlette.types import ASGIApp, Message
+
 from http1 import wire
 from http1.server import ClientConn, Request
 
-ASGIApp = Any
+__all__ = ["ASGIApp", "Lifespan", "serve_asgi"]
 
 
 async def serve_asgi(app: ASGIApp, conn: ClientConn, req: Request) -> None:
@@ -51,7 +53,7 @@ async def serve_asgi(app: ASGIApp, conn: ClientConn, req: Request) -> None:
     headers: list[tuple[bytes, bytes]] = []
     body: list[bytes] = []
 
-    async def send(message: dict[str, Any]) -> None:
+    async def send(message: Message) -> None:
         nonlocal status, headers
         t = message["type"]
         if t == "http.response.start":
@@ -105,7 +107,7 @@ class Lifespan:
     async def _run(self) -> None:
         scope = {"type": "lifespan", "asgi": {"version": "3.0"}, "state": {}}
 
-        async def send(message: dict[str, Any]) -> None:
+        async def send(message: Message) -> None:
             t = message["type"]
             if t == "lifespan.startup.complete" and self._started and not self._started.done():
                 self._started.set_result(None)

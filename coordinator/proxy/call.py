@@ -2,22 +2,30 @@
 
 `Call` carries the parsed body, the root request id (always the coordinator's own), the
 client's `x-request-id` (echoed, logged, never sent to an engine), the endpoints tried, and
-whether the response is committed (head written: from then on a failure cannot become a clean retry).
-A `Sink` turns an engine's decoded body into client bytes when the proxy cannot pass the
-bytes through untouched (Anthropic translation, a continued stream).
+whether the response is committed (head written: from then on a failure cannot become a clean
+retry). Its answers speak the client's API: errors are Anthropic-shaped on /v1/messages.
+A `Sink` (`sinks.py`) turns an engine's decoded body into client bytes when the proxy cannot
+pass the bytes through untouched.
 """
 
 from __future__ import annotations
 
 import time
-from abc import ABC, abstractmethod
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from coordinator.anthropic_stream import StreamTranslator
-from coordinator.proxy.resume import Progress, StreamSplicer
 from coordinator.table import Endpoint
-from http1 import wire
+from core.http_errors import (
+    anthropic_error,
+    anthropic_from,
+    anthropic_sse_error,
+    openai_error,
+    openai_sse_error,
+)
 from http1.server import ClientConn, Request
+
+if TYPE_CHECKING:
+    from coordinator.proxy.continuation import Progress
+    from coordinator.proxy.sinks import Sink
 
 # Body fields that steer an engine's identity or P/D transfer: only the coordinator sets them
 # (a client's `rid` would pick the engine's request id; its `kv_transfer_params` or
@@ -58,71 +66,6 @@ class Retry(Exception):
         if self.body is not None:
             return "http_5xx"
         return "timeout" if self.status == 504 else "transport"
-
-
-class Sink(ABC):
-    """Decoded engine body in, client bytes out (chunk-framed)."""
-
-    def head(self, call: Call) -> bytes | None:
-        """The response head to write before the first bytes, or None if already written."""
-        return None
-
-    @abstractmethod
-    def feed(self, data: bytes) -> bytes:
-        """Client bytes for this piece of the engine's body."""
-
-    @abstractmethod
-    def end(self) -> bytes:
-        """Client bytes that close the response."""
-
-
-class SpliceSink(Sink):
-    """A continued OpenAI stream: events rewritten into the original stream."""
-
-    def __init__(self, p: Progress) -> None:
-        self.splicer = StreamSplicer(p)
-
-    def feed(self, data: bytes) -> bytes:
-        out = self.splicer.feed(data)
-        return wire.chunk(out) if out else b""
-
-    def end(self) -> bytes:
-        tail = b"" if self.splicer.done else wire.chunk(b"data: [DONE]\n\n")
-        return tail + wire.LAST_CHUNK
-
-
-class AnthropicSink(Sink):
-    """An OpenAI chat stream translated to Anthropic events (continuations spliced first)."""
-
-    def __init__(self, model: str) -> None:
-        self.translator = StreamTranslator(model)
-        self.splicer: StreamSplicer | None = None
-        self.head_sent = False
-
-    def head(self, call: Call) -> bytes | None:
-        if self.head_sent:
-            return None
-        self.head_sent = True
-        return wire.build_head(
-            200,
-            [
-                (b"content-type", wire.SSE_CT),
-                (b"cache-control", b"no-cache"),
-                (b"x-request-id", call.root_b),
-            ],
-            content_length=None,
-            keep_alive=call.req.keep_alive,
-        )
-
-    def feed(self, data: bytes) -> bytes:
-        if self.splicer is not None:
-            data = self.splicer.feed(data)
-        out = self.translator.feed_sse(data)
-        return wire.chunk(out) if out else b""
-
-    def end(self) -> bytes:
-        out = self.translator.finish()
-        return (wire.chunk(out) if out else b"") + wire.LAST_CHUNK
 
 
 class Call:
@@ -203,3 +146,26 @@ class Call:
     def request_id(self, attempt: int) -> str:
         """The engine request id of one attempt: `{root}#a{attempt}`."""
         return f"{self.root}#a{attempt}"
+
+    # ------------------------------------------------------------------ answers
+
+    def send(self, status: int, body: bytes) -> None:
+        """Answer the client with a whole response (the call is committed from here on)."""
+        self.status = status
+        self.committed = True
+        self.conn.send(self.req, status, body, extra=[(b"x-request-id", self.root_b)])
+
+    def send_error(self, status: int, message: str, code: str | None = None) -> None:
+        """Answer an error of the coordinator's in the client's API."""
+        self.send(
+            status,
+            anthropic_error(status, message) if self.anthropic else openai_error(status, message, code),
+        )
+
+    def relay_error(self, status: int, body: bytes) -> None:
+        """Answer with an engine's error body, reshaped for an Anthropic client."""
+        self.send(status, anthropic_from(status, body) if self.anthropic else body)
+
+    def error_event(self, message: str) -> bytes:
+        """The SSE event that ends this call's stream, already under way, with an upstream error."""
+        return anthropic_sse_error(502, message) if self.anthropic else openai_sse_error(502, message)

@@ -1,5 +1,6 @@
 """One engine exchange delivered to the client: a prefill leg fetched whole, or a response
 passed through (raw) or translated (a `Sink`), with the breaker told how the engine did.
+These are the legs a P/D adapter combines (`coordinator.adapters`).
 
 A failure before anything reached the client is a `Retry` naming the endpoint; a failure
 after the head went out is `Broken` (the flows continue the stream elsewhere, once the
@@ -10,18 +11,24 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Any
 
 import orjson
 
 from coordinator.breaker import Breakers
-from coordinator.errors import error_body
 from coordinator.faultlog import FaultLog
-from coordinator.proxy.call import AnthropicSink, Call, Retry
+from coordinator.metrics import CoordinatorMetrics
+from coordinator.proxy.call import Call, Retry
 from coordinator.proxy.exchange import Upstreams
+from coordinator.proxy.sinks import AnthropicSink
 from coordinator.proxy.upstream import UpstreamConn, UpstreamError
 from coordinator.table import Endpoint
+from core.http_errors import anthropic_error, anthropic_from
 from http1 import wire
+
+# How a whole engine response becomes the client's body: (status, engine body) -> body.
+Shape = Callable[[int, bytes], bytes]
 
 
 class Broken(Exception):
@@ -42,13 +49,14 @@ class Hop:
         ups: Upstreams,
         breakers: Breakers,
         *,
-        metrics: Any = None,
+        metrics: CoordinatorMetrics | None = None,
         faults: FaultLog | None = None,
     ) -> None:
         self.ups = ups
         self.breakers = breakers
         self.metrics = metrics
         self.faults = faults
+        self._background: set[asyncio.Task[Any]] = set()
 
     async def prefill(self, p: Endpoint, path: bytes, body: bytes, rid: str) -> tuple[int, bytes]:
         """A prefill leg, whole; Retry on a transport error or a 5xx."""
@@ -114,8 +122,10 @@ class Hop:
             conn.upstream = up
             if conn.write_paused:
                 up.pause()
+            transport = conn.transport
+            assert transport is not None  # set when the connection was made, never unset
             try:
-                fut = up.commit(conn.transport, head)
+                fut = up.commit(transport, head)
             except UpstreamError as exc:
                 conn.upstream = None
                 self.upstream_failed(ep, exc)
@@ -123,11 +133,8 @@ class Hop:
             call.committed = True
             await self._until_end(call, up, ep, fut)
             return
-        if call.anthropic and not call.stream:
+        if call.anthropic and not call.committed and (not call.stream or up.status != 200):
             await self._whole(call, up, ep, _to_anthropic(call))
-            return
-        if up.status != 200 and not call.committed:
-            await self._whole(call, up, ep, _as_is)
             return
         if call.sink is None:
             call.sink = AnthropicSink(call.model or "")
@@ -168,7 +175,7 @@ class Hop:
         call.served_by, call.resp_body = ep, up.body
         up.release()
 
-    async def _whole(self, call: Call, up: UpstreamConn, ep: Endpoint, shape: Any) -> None:
+    async def _whole(self, call: Call, up: UpstreamConn, ep: Endpoint, shape: Shape) -> None:
         try:
             data = await up.read_all()
         except UpstreamError as exc:
@@ -179,7 +186,7 @@ class Hop:
             raise
         up.release()
         call.served_by, call.resp_body = ep, up.body
-        send(call, up.status, shape(up.status, data))
+        call.send(up.status, shape(up.status, data))
 
     def _head(self, call: Call, up: UpstreamConn) -> bytes | None:
         headers = wire.forwardable(up.headers)
@@ -194,6 +201,25 @@ class Hop:
                 return None
         return wire.build_head(up.status, headers, content_length=length, keep_alive=call.req.keep_alive)
 
+    def abort(self, ep: Endpoint, rid: str) -> None:
+        """Ask `ep` to stop request `rid` (best effort, in the background)."""
+        self.ups.abort(ep, rid)
+
+    def keep(self, task: asyncio.Task[Any]) -> None:
+        """Hold a leg no one awaits any more until it ends (its failure is only logged by its
+        own code)."""
+        if task.done():
+            if not task.cancelled():
+                task.exception()
+            return
+        self._background.add(task)
+        task.add_done_callback(self._let_go)
+
+    def _let_go(self, task: asyncio.Task[Any]) -> None:
+        self._background.discard(task)
+        if not task.cancelled():
+            task.exception()
+
     def upstream_failed(self, ep: Endpoint, exc: UpstreamError | None) -> None:
         """Charge `ep`'s circuit and count the failure by kind."""
         kind = "http_5xx" if exc is None else exc.kind
@@ -202,27 +228,20 @@ class Hop:
             self.metrics.upstream_errors.labels(endpoint=ep.key, kind=kind).inc()
 
 
-def send(call: Call, status: int, body: bytes) -> None:
-    """Answer the client with a whole response (the call is committed from here on)."""
-    call.status = status
-    call.committed = True
-    call.conn.send(call.req, status, body, extra=[(b"x-request-id", call.root_b)])
-
-
 def _as_is(status: int, data: bytes) -> bytes:
     return data
 
 
-def _to_anthropic(call: Call) -> Any:
+def _to_anthropic(call: Call) -> Shape:
     from coordinator.anthropic import chat_to_message
 
     def shape(status: int, data: bytes) -> bytes:
         if status != 200:
-            return data
+            return anthropic_from(status, data)  # the engine's error, in the client's API
         try:
             resp = orjson.loads(data)
         except orjson.JSONDecodeError:
-            return error_body(502, "engine returned a body that is not JSON")
+            return anthropic_error(502, "engine returned a body that is not JSON")
         return orjson.dumps(chat_to_message(resp, call.model or ""))
 
     return shape

@@ -8,9 +8,7 @@ not on it; the management app checks admin keys itself (`coordinator.mgmt`).
 
 from __future__ import annotations
 
-from typing import Any
-
-from coordinator.proxy.asgi import serve_asgi
+from coordinator.proxy.asgi import ASGIApp, serve_asgi
 from coordinator.proxy.server import ProxyServer
 from core.config import HttpLimitsConfig
 from http1.server import ClientConn, Request
@@ -19,7 +17,7 @@ from http1.server import ClientConn, Request
 class MgmtOnly:
     """The request handler of the management port: every path goes to the management app."""
 
-    def __init__(self, mgmt_app: Any) -> None:
+    def __init__(self, mgmt_app: ASGIApp) -> None:
         self.mgmt = mgmt_app
 
     async def __call__(self, conn: ClientConn, req: Request) -> None:
@@ -27,7 +25,7 @@ class MgmtOnly:
 
 
 async def start_mgmt_server(
-    mgmt_app: Any, host: str, port: int, *, max_body: int, limits: HttpLimitsConfig | None = None
+    mgmt_app: ASGIApp, host: str, port: int, *, max_body: int, limits: HttpLimitsConfig | None = None
 ) -> ProxyServer:
     """Listen on the management port (within the HTTP `limits`); the caller stops the server."""
     server = ProxyServer(MgmtOnly(mgmt_app), max_body=max_body, limits=limits)

@@ -4,19 +4,20 @@
 pass through to an engine that serves them, with the same routing, retries and breakers as
 `/v1` generation; `GET /v1/models/{id}` is answered here from the routing table. Which
 engine types serve a route is a table (`ROUTES`): a route no known engine serves is a 501
-naming it; one whose engines are all down is a 503. `/generate` also runs SGLang's P/D
-bootstrap when prefill and decode instances speak it (the same fields as chat).
+naming it; one whose engines are all down is a 503. A route a P/D adapter can split
+(`/generate`: SGLang's bootstrap, the same fields as chat) runs over a prefill/decode pair
+that speaks it, through the same flows and adapter as /v1.
 """
 
 from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import orjson
 
-from coordinator.adapters import sglang
+from coordinator.adapters import splitting
 from coordinator.endpoint import Endpoint, Plan
 from coordinator.policies import RequestInfo
 from coordinator.proxy.call import RESERVED, Call, Retry, client_request_id
@@ -36,16 +37,18 @@ class NativeRoute:
     name: str
     engines: frozenset[str]
     roles: tuple[Role, ...]  # single-hop roles, in order of preference
-    pd: bool = False  # may run as SGLang P/D bootstrap
+    pd: tuple[str, ...] = ()  # the P/D capabilities whose adapters can split it
 
     def serves(self, ep: Endpoint) -> bool:
         """Whether this endpoint's engine serves the route, in a role it may be sent to."""
-        return ep.engine_type in self.engines and (ep.role in self.roles or self.pd)
+        return ep.engine_type in self.engines and (ep.role in self.roles or bool(self.pd))
 
 
 _ANY = (Role.UNION, Role.PREFILL, Role.DECODE)
 ROUTES: dict[bytes, NativeRoute] = {
-    b"/generate": NativeRoute("generate", frozenset({"sglang", "builtin"}), (Role.UNION,), pd=True),
+    b"/generate": NativeRoute(
+        "generate", frozenset({"sglang", "builtin"}), (Role.UNION,), pd=splitting(b"/generate")
+    ),
     b"/v1/score": NativeRoute("score", frozenset({"sglang", "vllm", "builtin"}), (Role.UNION, Role.PREFILL)),
     b"/v1/rerank": NativeRoute(
         "rerank", frozenset({"sglang", "vllm", "builtin"}), (Role.UNION, Role.PREFILL)
@@ -61,22 +64,16 @@ def handles(path: bytes) -> bool:
 
 
 def choose(routable: tuple[Endpoint, ...], route: NativeRoute, model: str | None) -> Plan:
-    """P/D bootstrap when allowed and both halves serve it, else a single hop, else none."""
+    """P/D when an adapter splits the route and both halves speak it, else a single hop, else none."""
     eps = [e for e in routable if route.serves(e) and (model is None or e.model == model)]
-    if route.pd:
+    for cap in route.pd:
         for et in sorted(route.engines):
             halves = [
-                [
-                    e
-                    for e in eps
-                    if e.role == role and e.engine_type == et and sglang.CAPABILITY in e.capabilities
-                ]
+                [e for e in eps if e.role == role and e.engine_type == et and cap in e.capabilities]
                 for role in (Role.PREFILL, Role.DECODE)
             ]
             if all(halves):
-                return Plan(
-                    kind="pd", capability=sglang.CAPABILITY, engine_type=et, pd=((et, sglang.CAPABILITY),)
-                )
+                return Plan(kind="pd", capability=cap, engine_type=et, pd=((et, cap),))
     for role in route.roles:
         if any(e.role == role for e in eps):
             return Plan(kind="single", role=role)
@@ -194,11 +191,13 @@ class NativeRoutes:
             except Retry as r:
                 call.exclude.add(ep.key)
                 last = r
-                flows._retried(r)
+                flows.retried(r)
         model = f" for model {call.model!r}" if call.model else ""
         flows.fail(call, last, f"no routable {role.value} endpoint serving {call.path.decode()}{model}")
 
-    def _unserved(self, conn: ClientConn, req: Request, route: NativeRoute, path: str, model: Any) -> None:
+    def _unserved(
+        self, conn: ClientConn, req: Request, route: NativeRoute, path: str, model: str | None
+    ) -> None:
         """501 when no known engine serves the route at all, 503 when they are all down."""
         known = [row for row in self.app.table.describe() if model is None or row["model"] == model]
         types = sorted({row["engine_type"] for row in known})

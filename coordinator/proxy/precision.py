@@ -16,7 +16,7 @@ import orjson
 from coordinator.context import CoordinatorContext
 from coordinator.detector import PrecisionDetector
 from coordinator.proxy.call import Call
-from coordinator.proxy.resume import progress_of
+from coordinator.proxy.continuation import progress_of
 
 log = logging.getLogger(__name__)
 

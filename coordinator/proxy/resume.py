@@ -1,160 +1,73 @@
-"""Mid-stream continuation: what a dead stream already sent, and how to go on elsewhere.
+"""The fault path of a stream whose engine failed after its head went out: end it, cut it,
+or make the call carry the request that continues it on another path.
 
-Nothing here runs on the happy path. When an engine dies midway through an SSE stream the
-proxy has its decoded body; from it we recover the text and the number of tokens the client
-already got, build a request that continues from prompt + that text with the remaining
-token budget, and rewrite the new stream's events so the client sees one stream (same id,
-no second role delta).
+The flows call `on_stream_broken` once the attempt that broke has let go of its endpoints,
+and run the call again when it says so; the pure parts (what the client already got, the
+continuation body, the splicing) are in `continuation.py`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+import logging
 
 import orjson
 
-DONE = b"[DONE]"
+from coordinator.proxy.call import Call
+from coordinator.proxy.continuation import StreamSplicer, continuation_body, progress_of
+from coordinator.proxy.hop import Broken, Hop
+from coordinator.proxy.sinks import AnthropicSink, SpliceSink
+from http1 import wire
+
+log = logging.getLogger(__name__)
 
 
-def split_events(buf: bytes) -> tuple[list[bytes], bytes]:
-    """Complete SSE events' `data:` payloads in `buf`, and the unfinished rest."""
-    buf = buf.replace(b"\r\n", b"\n")
-    out: list[bytes] = []
-    while True:
-        end = buf.find(b"\n\n")
-        if end < 0:
-            return out, buf
-        block, buf = buf[:end], buf[end + 2 :]
-        data = [line[5:].lstrip(b" ") for line in block.split(b"\n") if line.startswith(b"data:")]
-        if data:
-            out.append(b"\n".join(data))
-
-
-@dataclass(slots=True)
-class Progress:
-    """What the client got of a stream before it broke."""
-
-    text: str = ""
-    tokens: int = 0
-    done: bool = False  # the stream had already sent [DONE]
-    clean: bool = True  # it ended at an event boundary
-    stream_id: str | None = None
-    created: int | None = None
-
-
-def progress_of(decoded: bytes) -> Progress:
-    """Recover the text and token count a (chat) completion stream delivered."""
-    events, rest = split_events(decoded)
-    p = Progress(clean=not rest.strip())
-    parts: list[str] = []
-    for data in events:
-        if data.strip() == DONE:
-            p.done = True
-            continue
-        try:
-            obj = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            p.clean = False
-            continue
-        if not isinstance(obj, dict):
-            continue
-        if p.stream_id is None and isinstance(obj.get("id"), str):
-            p.stream_id = obj["id"]
-            p.created = obj.get("created") if isinstance(obj.get("created"), int) else None
-        piece = _text_of(obj)
-        if piece:
-            parts.append(piece)
-            p.tokens += 1
-    p.text = "".join(parts)
-    return p
-
-
-def _text_of(obj: dict[str, Any]) -> str:
-    choices = obj.get("choices")
-    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-        return ""
-    c = choices[0]
-    delta = c.get("delta")
-    if isinstance(delta, dict):
-        content = delta.get("content")
-        return content if isinstance(content, str) else ""
-    text = c.get("text")
-    return text if isinstance(text, str) else ""
-
-
-def continuation_body(path: bytes, body: dict[str, Any], p: Progress) -> dict[str, Any] | None:
-    """A request continuing `body` after what `p` delivered; None when it cannot be continued."""
-    n = body.get("n")
-    if n not in (None, 1):
-        return None
-    out = dict(body)
-    for key in ("max_tokens", "max_completion_tokens"):
-        limit = body.get(key)
-        if isinstance(limit, int):
-            left = limit - p.tokens
-            if left <= 0:
-                return None
-            out[key] = left
-    if path.endswith(b"/chat/completions"):
-        messages = body.get("messages")
-        if not isinstance(messages, list):
-            return None
-        out["messages"] = [*messages, {"role": "assistant", "content": p.text}]
-        # vLLM/SGLang: render the partial assistant turn open so generation goes on in it.
-        out["continue_final_message"] = True
-        out["add_generation_prompt"] = False
+def on_stream_broken(call: Call, b: Broken, hop: Hop) -> bool:
+    """True when the stream goes on elsewhere (the call now carries the continuation), False
+    when it was ended or cut here."""
+    up, ep, exc = b.up, b.ep, b.exc
+    hop.upstream_failed(ep, exc)
+    up.close()  # the engine sees the disconnect: that is vLLM's and the builtin's abort
+    if exc.stalled:
+        hop.abort(ep, call.request_id(call.attempts))  # SGLang's own abort, best effort
+    call.exclude.add(ep.key)
+    faults = hop.faults
+    if faults is not None:
+        faults.broken(ep.key, exc.kind)
+    p = progress_of(b"".join(up.body))
+    prev = call.progress
+    if prev is not None:
+        p.text = prev.text + p.text
+        p.tokens += prev.tokens
+        p.stream_id, p.created = prev.stream_id, prev.created
+    call.progress = p
+    conn = call.conn
+    framed = call.sink is not None or (up.chunked and not up.chunk_open)
+    if not call.stream or not p.clean or not framed:
+        log.warning("stream %s broke on %s (%s): cut, it cannot be continued", call.root, ep.key, exc)
+        if faults is not None:
+            faults.failed(ep.key)
+        conn.close()  # the client sees a cut: nothing else is honest
+        return False
+    cont = None if p.done else continuation_body(call.path, call.origin, p)
+    if cont is None:
+        if faults is not None:
+            faults.continued(ep.key, None)
+        conn.write(call.sink.end() if call.sink is not None else _raw_end(p.done))
+        return False
+    if hop.metrics is not None:
+        hop.metrics.continuations.inc()
+    log.warning(
+        "stream %s broke on %s after %d tokens (%s); continuing elsewhere", call.root, ep.key, p.tokens, exc
+    )
+    if isinstance(call.sink, AnthropicSink):
+        call.sink.splicer = StreamSplicer(p)
     else:
-        prompt = body.get("prompt")
-        if not isinstance(prompt, str):
-            return None
-        out["prompt"] = prompt + p.text
-    out.pop("min_tokens", None)
-    return out
+        call.sink = SpliceSink(p)
+    call.body = cont
+    call.raw = orjson.dumps(cont)
+    call.resuming = ep.key
+    return True
 
 
-class StreamSplicer:
-    """Rewrites a continuation stream's events into the broken stream (plain SSE out)."""
-
-    def __init__(self, p: Progress) -> None:
-        self.p = p
-        self.buf = b""
-        self.done = False
-
-    def feed(self, data: bytes) -> bytes:
-        """Decoded body bytes of the continuation in, SSE bytes for the client out."""
-        events, self.buf = split_events(self.buf + data)
-        out: list[bytes] = []
-        for ev in events:
-            if ev.strip() == DONE:
-                self.done = True
-                out.append(b"data: [DONE]\n\n")
-                continue
-            try:
-                obj = orjson.loads(ev)
-            except orjson.JSONDecodeError:
-                continue
-            if not isinstance(obj, dict):
-                continue
-            if self._role_only(obj):
-                continue
-            if self.p.stream_id is not None:
-                obj["id"] = self.p.stream_id
-            if self.p.created is not None:
-                obj["created"] = self.p.created
-            out.append(b"data: " + orjson.dumps(obj) + b"\n\n")
-        return b"".join(out)
-
-    @staticmethod
-    def _role_only(obj: dict[str, Any]) -> bool:
-        choices = obj.get("choices")
-        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-            return False
-        c = choices[0]
-        delta = c.get("delta")
-        return (
-            isinstance(delta, dict)
-            and not delta.get("content")
-            and "role" in delta
-            and c.get("finish_reason") is None
-        )
+def _raw_end(done: bool) -> bytes:
+    return wire.LAST_CHUNK if done else wire.chunk(b"data: [DONE]\n\n") + wire.LAST_CHUNK

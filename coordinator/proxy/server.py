@@ -1,6 +1,7 @@
 """The coordinator's listeners: the shared server core (`http1.server`) with the coordinator's
-error bodies. A client connection may hold an engine connection too, so each counts as two
-descriptors against the connection cap.
+error bodies (Anthropic-shaped on the Anthropic routes, OpenAI-shaped elsewhere, even for a
+refusal before the request was read). A client connection may hold an engine connection too,
+so each counts as two descriptors against the connection cap.
 
 `ClientConn` and `Request` are `http1.server`'s: handlers (`app.py`, `native.py`, `asgi.py`)
 write to the connection; a client that goes away cancels its request's task, which closes the
@@ -9,17 +10,13 @@ engine connections it uses (an engine stops generating when its client disconnec
 
 from __future__ import annotations
 
-from coordinator.errors import error_body
+from coordinator.errors import error_for_path
 from core.config import HttpLimitsConfig
 from http1.server import Handler, Server
-
-
-def _error_body(status: int, message: str, code: str | None) -> bytes:
-    return error_body(status, message, None, code)
 
 
 class ProxyServer(Server):
     """A coordinator port: `handler` serves every request on it."""
 
     def __init__(self, handler: Handler, *, max_body: int, limits: HttpLimitsConfig | None = None) -> None:
-        super().__init__(handler, error_body=_error_body, max_body=max_body, limits=limits, fds_per_conn=2)
+        super().__init__(handler, error_body=error_for_path, max_body=max_body, limits=limits, fds_per_conn=2)

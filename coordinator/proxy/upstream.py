@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import httptools
 
@@ -73,7 +73,7 @@ class UpstreamConn(asyncio.Protocol):
         self.body_len = 0
         self.error: UpstreamError | None = None
         self.waiter: asyncio.Future[None] | None = None
-        self.forward: Any = None  # client transport once committed in raw mode
+        self.forward: asyncio.WriteTransport | None = None  # client transport once committed raw
         self.on_data: Callable[[bytes], None] | None = None  # transform mode after commit
         self.watched = False  # in the pool's first-byte deadline table
         self.stall_watched = False  # in the pool's inter-token table
@@ -178,7 +178,7 @@ class UpstreamConn(asyncio.Protocol):
         self.transport.write(data)
         return self.waiter
 
-    def commit(self, client: Any, head: bytes) -> asyncio.Future[None] | None:
+    def commit(self, client: asyncio.WriteTransport, head: bytes) -> asyncio.Future[None] | None:
         """Write `head` and the body so far to `client`; forward the rest raw as it arrives.
 
         Returns None when the response was already complete, else a future resolving at its

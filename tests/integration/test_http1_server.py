@@ -17,8 +17,8 @@ from simengine.router import Router, json_response, start_server
 from tests.integration.rawhttp import read_replies, request
 
 
-def _body(status: int, message: str, code: str | None) -> bytes:
-    return orjson.dumps({"error": {"message": message, "code": code}})
+def _body(path: bytes, status: int, message: str, code: str | None) -> bytes:
+    return orjson.dumps({"error": {"message": message, "code": code, "path": path.decode()}})
 
 
 class _Recorder:
@@ -31,8 +31,10 @@ class _Recorder:
 
     def __call__(self, conn: ClientConn, req: Request) -> Awaitable[None] | None:
         if req.too_large:
-            conn.send(req, 413, _body(413, "too large", "body_too_large"))
+            conn.send(req, 413, _body(req.path, 413, "too large", "body_too_large"))
             return None
+        if req.path == b"/boom":
+            raise RuntimeError("the handler failed")
         if req.path == b"/now":
             self.tasks.append((req.path, asyncio.current_task()))
             conn.send(req, 200, b'{"at":"now"}')
@@ -101,6 +103,21 @@ async def test_a_body_over_the_limit_is_marked_and_the_connection_keeps_serving(
     server, _ = served
     raw = request("POST", "/now", b"x" * 17, close=False) + request("GET", "/now", close=False)
     assert [s for s, _ in await _pipelined(server.port, raw, 2)] == [413, 200]
+
+
+async def test_the_error_body_is_told_the_path_normalised_even_before_the_request_is_read(
+    served: tuple[Server, _Recorder],
+) -> None:
+    """The path picks a dialect (the coordinator's /v1/messages answers Anthropic-shaped)."""
+    server, _ = served
+    raw = request("GET", "/x/../boom?q=1", close=False) + request("GET", "/now", close=False)
+    got = await _pipelined(server.port, raw, 2)
+    assert got[0][0] == 500 and orjson.loads(got[0][1])["error"]["path"] == "/boom"
+    assert got[1] == (200, b'{"at":"now"}')
+    # Too many header fields: refused mid-head, with the path the request line named.
+    many = {f"x-h{i}": "v" for i in range(120)}
+    [reply] = await _pipelined(server.port, request("POST", "/a//b/?q=1", b"{}", headers=many), 1)
+    assert reply[0] == 431 and orjson.loads(reply[1])["error"]["path"] == "/a/b"
 
 
 async def test_the_engine_refuses_a_body_over_its_limit_in_its_own_shape() -> None:

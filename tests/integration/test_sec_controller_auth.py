@@ -40,6 +40,26 @@ async def test_the_controller_api_needs_a_key_probes_do_not(cluster: Cluster) ->
         assert (await exchange(ctl.port, request("GET", path))).status == 200, path
 
 
+async def test_the_controllers_errors_share_the_coordinators_vocabulary(cluster: Cluster) -> None:
+    # Once FastAPI's own `{"detail": ...}` on a path or method it has no route for, and 404
+    # typed invalid_request_error by the controller's own table.
+    cluster.configure(union=1)
+    ctl = cluster.controller("c1")
+    await ctl.wait_http("/readiness")
+    r = await exchange(ctl.port, request("GET", "/no/such/path"))
+    assert r.status == 404 and r.json() == {
+        "error": {"message": "no route for /no/such/path", "type": "not_found_error", "code": "not_found"}
+    }
+    r = await exchange(ctl.port, request("POST", "/v1/instances"))
+    assert r.status == 405 and r.json() == {
+        "error": {
+            "message": "POST is not allowed on /v1/instances",
+            "type": "invalid_request_error",
+            "code": "method_not_allowed",
+        }
+    }
+
+
 async def test_the_controller_key_can_come_from_the_environment(
     cluster: Cluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:

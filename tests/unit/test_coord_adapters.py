@@ -1,10 +1,19 @@
-"""P/D adapter body transforms: exact fields for vLLM handoff and SGLang bootstrap."""
+"""P/D adapters: the registry by capability, and the exact body fields each protocol sends
+(vLLM handoff, SGLang bootstrap). Their whole exchanges run against real engines in
+tests/integration/test_coord_pd_paths.py and test_coord_native_routes.py."""
 
 from __future__ import annotations
 
+import inspect
+from typing import get_args
+
 import pytest
 
-from coordinator.adapters import sglang, vllm
+from coordinator.adapters import REGISTRY, adapter_for, splitting
+from coordinator.adapters import bootstrap as sglang
+from coordinator.adapters import handoff as vllm
+from coordinator.proxy.native import ROUTES
+from core.config import EngineSection
 from core.ids import room_id
 
 BODY = {
@@ -103,3 +112,35 @@ def test_sglang_room_differs_per_attempt() -> None:
 def test_sglang_without_bootstrap_port_is_refused() -> None:
     with pytest.raises(sglang.BootstrapError, match="bootstrap_port"):
         sglang.pd_bodies(BODY, prefill_host="h", bootstrap_port=None, pair_id="x", attempt=1, request_id="x")
+
+
+@pytest.mark.parametrize("capability", sorted(REGISTRY))
+def test_every_adapter_honours_the_interface(capability: str) -> None:
+    adapter = REGISTRY[capability]
+    assert adapter.capability == capability
+    assert adapter_for(capability) is adapter
+    # A capability a node agent can register, and native paths the coordinator routes.
+    profile, _none = get_args(EngineSection.model_fields["dispatch_profile"].annotation)
+    assert capability in get_args(profile)
+    assert adapter.native_paths <= set(ROUTES)
+    assert inspect.iscoroutinefunction(adapter.run)
+
+
+@pytest.mark.parametrize("capability", [None, "trigger", "", "HANDOFF"])
+def test_a_protocol_without_an_adapter_has_none(capability: str | None) -> None:
+    assert adapter_for(capability) is None
+
+
+@pytest.mark.parametrize(
+    ("path", "capabilities"),
+    [
+        (b"/generate", ("bootstrap",)),  # SGLang's native route: bootstrap fields, no max_tokens rewrite
+        (b"/v1/score", ()),
+        (b"/tokenize", ()),
+        (b"/v1/chat/completions", ()),  # /v1 runs every adapter; this lists the extra paths only
+    ],
+)
+def test_which_adapters_split_a_native_route(path: bytes, capabilities: tuple[str, ...]) -> None:
+    assert splitting(path) == capabilities
+    if path in ROUTES:
+        assert ROUTES[path].pd == capabilities

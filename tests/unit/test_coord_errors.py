@@ -1,28 +1,11 @@
-"""Every coordinator error leaves OpenAI-shaped."""
+"""The coordinator's exception base, and which dialect a client path's errors speak."""
 
 from __future__ import annotations
 
 import orjson
 import pytest
 
-from coordinator.errors import CoordinatorError, error_body
-
-
-@pytest.mark.parametrize(
-    ("status", "type_"),
-    [
-        (400, "invalid_request_error"),
-        (401, "authentication_error"),
-        (404, "not_found_error"),
-        (413, "invalid_request_error"),
-        (429, "rate_limit_error"),
-        (503, "service_unavailable"),
-        (599, "server_error"),
-    ],
-)
-def test_error_body_shape_and_default_type(status: int, type_: str) -> None:
-    body = orjson.loads(error_body(status, "boom"))
-    assert body == {"error": {"message": "boom", "type": type_, "code": None}}
+from coordinator.errors import CoordinatorError, error_for_path
 
 
 def test_coordinator_error_carries_status_type_code() -> None:
@@ -33,5 +16,28 @@ def test_coordinator_error_carries_status_type_code() -> None:
         "model_not_found",
         "model 'x' not found",
     )
-    assert orjson.loads(err.body())["error"]["code"] == "model_not_found"
+    assert orjson.loads(err.body()) == {
+        "error": {"message": "model 'x' not found", "type": "not_found_error", "code": "model_not_found"}
+    }
     assert CoordinatorError(400, "m", type_="custom").type == "custom"
+
+
+@pytest.mark.parametrize(
+    ("path", "anthropic"),
+    [
+        (b"/v1/messages", True),
+        (b"/v1/messages/count_tokens", True),
+        (b"/v1/chat/completions", False),
+        (b"/v1/messages/other", False),
+        (b"/generate", False),
+        (b"", False),
+    ],
+)
+def test_errors_speak_the_dialect_of_the_path(path: bytes, anthropic: bool) -> None:
+    body = orjson.loads(error_for_path(path, 413, "too big", "body_too_large"))
+    if anthropic:
+        assert body == {"type": "error", "error": {"type": "request_too_large", "message": "too big"}}
+    else:
+        assert body == {
+            "error": {"message": "too big", "type": "invalid_request_error", "code": "body_too_large"}
+        }

@@ -4,12 +4,21 @@ The prefill leg gets a copy of the client's body asking the KV connector to keep
 remote decode (`do_remote_decode`), answering in one JSON body (no stream) after one token.
 Its response carries `kv_transfer_params` (where the KV lives); the decode leg gets the
 client's original body plus exactly those params, and its response is the client's.
-Both legs carry the same engine request id.
+Both legs carry the same engine request id. A prefill that refuses the request (4xx) is the
+client's answer: the request itself is bad, another path would refuse it too.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from coordinator.endpoint import Endpoint
+
+if TYPE_CHECKING:
+    from coordinator.proxy.call import Call
+    from coordinator.proxy.hop import Hop
 
 CAPABILITY = "handoff"
 
@@ -57,3 +66,29 @@ def kv_params_of(prefill_response: Any) -> dict[str, Any] | None:
         if isinstance(kv, dict):
             return kv
     return None
+
+
+class Handoff:
+    """The handoff protocol, run whole: prefill for one token, then decode with the prefill's KV."""
+
+    capability = CAPABILITY
+    native_paths: frozenset[bytes] = frozenset()  # the body rewrite knows OpenAI bodies only
+
+    async def run(self, call: Call, prefill: Endpoint, decode: Endpoint, rid: str, hop: Hop) -> None:
+        """Prefill leg whole, then the decode leg delivered to the client."""
+        decode.inflight += 1
+        try:
+            status, data = await hop.prefill(
+                prefill, call.path, orjson.dumps(prefill_body(call.body, rid)), rid
+            )
+            if status >= 400:
+                call.relay_error(status, data)
+                return
+            try:
+                kv = kv_params_of(orjson.loads(data))
+            except orjson.JSONDecodeError:
+                kv = None
+            call.prefill_by = prefill
+            await hop.serve_on(call, decode, orjson.dumps(decode_body(call.body, kv, rid)), rid)
+        finally:
+            decode.inflight -= 1

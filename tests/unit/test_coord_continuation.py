@@ -5,7 +5,13 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from coordinator.proxy.resume import Progress, StreamSplicer, continuation_body, progress_of, split_events
+from coordinator.proxy.continuation import (
+    Progress,
+    StreamSplicer,
+    continuation_body,
+    progress_of,
+    split_events,
+)
 
 
 def chat_chunk(content: str | None, role: bool = False, finish: str | None = None, cid: str = "c1") -> bytes:
