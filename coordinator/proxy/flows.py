@@ -18,7 +18,7 @@ from coordinator.proxy.exchange import Upstreams
 from coordinator.proxy.hop import Broken, Hop
 from coordinator.proxy.resume import on_stream_broken
 from coordinator.routes import Router
-from coordinator.table import Endpoint, Plan, Route, RoutingTable
+from coordinator.table import Endpoint, Plan, RoutingTable
 from core.events import Role
 from http1 import wire
 
@@ -66,8 +66,23 @@ class Flows:
             if route is None:
                 break
             call.attempts += 1
+            rid = call.request_id(call.attempts)
             try:
-                await self._attempt(call, route, call.request_id(call.attempts))
+                # One await deep on purpose: this is the hot path.
+                if route.prefill is None:
+                    ep = route.ep
+                    call.prefill_by = None  # an earlier P/D attempt's prefill is not this answer's
+                    ep.inflight += 1
+                    try:
+                        await self.hop.serve_on(call, ep, call.raw, rid)
+                    finally:
+                        ep.inflight -= 1
+                else:
+                    adapter = adapter_for(route.capability)
+                    if adapter is None:
+                        self.fail(call, None, f"P/D protocol {route.capability!r} has no adapter")
+                        return
+                    await adapter.run(call, route.prefill, route.ep, rid, self.hop)
                 return
             except Retry as r:
                 if r.ep is not None:
@@ -76,29 +91,15 @@ class Flows:
                 self.retried(r)
         self.fail(call, last)
 
-    async def _attempt(self, call: Call, route: Route, rid: str) -> None:
-        if route.prefill is None:
-            call.prefill_by = None  # an earlier P/D attempt's prefill is not this answer's
-            await self._single(call, route.ep, call.raw, rid)
-            return
-        adapter = adapter_for(route.capability)
-        if adapter is None:
-            self.fail(call, None, f"P/D protocol {route.capability!r} has no adapter")
-            return
-        await adapter.run(call, route.prefill, route.ep, rid, self.hop)
-
-    async def _single(self, call: Call, ep: Endpoint, body: bytes, rid: str) -> None:
-        ep.inflight += 1
-        try:
-            await self.hop.serve_on(call, ep, body, rid)
-        finally:
-            ep.inflight -= 1
-
     async def serve_on(self, call: Call, ep: Endpoint, body: bytes, rid: str) -> None:
         """One hop to an endpoint chosen outside the router (seed 003 routes): counted in-flight,
         and a stream that breaks midway goes on as in `run`."""
         try:
-            await self._single(call, ep, body, rid)
+            ep.inflight += 1
+            try:
+                await self.hop.serve_on(call, ep, body, rid)
+            finally:
+                ep.inflight -= 1
         except Broken as b:
             if on_stream_broken(call, b, self.hop):
                 await self.run(call)
