@@ -111,6 +111,14 @@ async def test_pd_matches_direct_union(
             # bootstrap prefill runs beside its decode and may finish after the client's answer.
             assert await finished_at_least(s, engines["prefill"], before_p + 3)
             assert await finished(s, engines["decode"]) >= before_d + 3
+            # A request the engines refuse (top_p 0): the prefill's refusal (handoff) or the
+            # decode's (bootstrap) is the answer, in the client's API.
+            bad = {**CHAT, "top_p": 0}
+            st, err, _ = await post(s, f"{c.url}/v1/chat/completions", bad)
+            assert st == 400 and err["error"]["type"] == "BadRequestError", err
+            st, err, _ = await post(s, f"{c.url}/v1/messages", bad)
+            assert st == 400 and err["type"] == "error", err
+            assert err["error"]["type"] == "invalid_request_error" and "top_p" in err["error"]["message"]
     finally:
         c.stop()
 
