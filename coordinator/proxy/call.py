@@ -4,7 +4,7 @@
 client's `x-request-id` (echoed, logged, never sent to an engine), the endpoints tried, and
 whether the response is committed (head written: from then on a failure cannot become a clean
 retry). Its answers speak the client's API: errors are Anthropic-shaped on /v1/messages.
-A `Sink` (`sinks.py`) turns an engine's decoded body into client bytes when the proxy cannot
+A `Sink` (`client_sinks.py`) turns an engine's decoded body into client bytes when the proxy cannot
 pass the bytes through untouched.
 """
 
@@ -24,8 +24,8 @@ from core.http_errors import (
 from http1.server import ClientConn, Request
 
 if TYPE_CHECKING:
+    from coordinator.proxy.client_sinks import Sink
     from coordinator.proxy.continuation import Progress
-    from coordinator.proxy.sinks import Sink
 
 # Body fields that steer an engine's identity or P/D transfer: only the coordinator sets them
 # (a client's `rid` would pick the engine's request id; its `kv_transfer_params` or

@@ -13,9 +13,9 @@ import logging
 import orjson
 
 from coordinator.proxy.call import Call
+from coordinator.proxy.client_sinks import AnthropicSink, SpliceSink
 from coordinator.proxy.continuation import StreamSplicer, continuation_body, progress_of
 from coordinator.proxy.hop import Broken, Hop
-from coordinator.proxy.sinks import AnthropicSink, SpliceSink
 from http1 import wire
 
 log = logging.getLogger(__name__)

@@ -1,5 +1,6 @@
-"""Sinks: an engine's decoded body in, client bytes out, where the proxy cannot pass the
-engine's bytes through untouched (Anthropic translation, a continued stream)."""
+"""Client sinks: an engine's decoded body in, client bytes out, where the proxy cannot pass the
+engine's bytes through untouched (Anthropic translation, a continued stream). Not
+`streams.sinks`, which deliver log messages to a consumer."""
 
 from __future__ import annotations
 
