@@ -172,6 +172,7 @@ class CoordinatorService:
         port: int | None = None,
         mgmt_port: int | None = None,
         name: str = "coordinator",
+        reuse_port: bool = False,
     ) -> None:
         self.settings = settings
         self.nats = nats
@@ -180,6 +181,7 @@ class CoordinatorService:
         if mgmt_port is not None:
             self.settings = settings.model_copy(update={"mgmt_port": mgmt_port})
         self.name = name
+        self.reuse_port = reuse_port  # replicas on one port: the kernel spreads connections
         self.ctx: CoordinatorContext | None = None
         self.server: ProxyServer | None = None
         self.mgmt_server: ProxyServer | None = None
@@ -219,7 +221,7 @@ class CoordinatorService:
         self._proxy = build_proxy(ctx, mgmt_app=mgmt, name=self.name)
         limits = self.settings.http
         self.server = ProxyServer(self._proxy.app, max_body=self.settings.max_body_bytes, limits=limits)
-        await self.server.start(self.host, self.want_port)
+        await self.server.start(self.host, self.want_port, reuse_port=self.reuse_port)
         log.info("coordinator listening on http://%s:%d", self.host, self.port)
         http = HttpCollector("motor_coordinator")
         assert self.server.watchdog is not None

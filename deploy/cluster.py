@@ -1,10 +1,12 @@
 """The local cluster launcher behind `motor up` (and the whole-cluster tests).
 
 Starts nats-server (embedded, data under `.motor/`, unless an external URL is given), a
-controller leader and a standby, a coordinator and one node agent per node the config needs,
-each as its own process with its log under `.motor/logs/`. Every child carries the marker
-`MOTOR_UP_SESSION` in its environment, so `stop()` also finds the engine processes the node
-agents started in their own process groups.
+controller leader and a standby, one or more coordinator replicas (sharing one port with
+`SO_REUSEPORT`) and one node agent per node the config needs, each as its own process with its
+log under `.motor/logs/`. Every child carries the marker `MOTOR_UP_SESSION` in its
+environment, so `stop()` also finds the engine processes the node agents started in their own
+process groups. With `supervise` (the default) a process that exits on its own is started
+again with backoff (`deploy.supervise`); `stop()` is deliberate and restarts nothing.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -26,10 +28,14 @@ import orjson
 from core.config import ClusterConfig
 from core.events import Role
 from core.ids import new_id
+from deploy.supervise import Backoff, Notice, Supervisor, Watch, wait_popen
 from streams.connection import NatsOptions
+from streams.server import EmbeddedNats
 
 if TYPE_CHECKING:
     from deploy.natsauth import ClusterAuth
+
+NATS = "nats-server"  # the supervised name of the embedded server
 
 
 @dataclass(frozen=True)
@@ -57,6 +63,7 @@ class Child:
     argv: list[str]
     log: Path
     proc: subprocess.Popen[bytes] | None = None
+    env: dict[str, str] | None = None  # extra environment, kept for a restart
 
 
 @dataclass
@@ -67,14 +74,21 @@ class LocalCluster:
     nats_url: str | None = None  # external server; None = start the embedded one
     nodes: int | None = None  # node agents to run; None = what the config needs
     standby: bool = True
+    coordinators: int = 1  # replicas sharing the coordinator port (SO_REUSEPORT when > 1)
+    supervise: bool = True  # restart what exits on its own, with backoff
+    backoff: Backoff = field(default_factory=Backoff)
+    on_notice: Callable[[Notice], None] | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
     session: str = field(default_factory=lambda: new_id()[:16])
     children: list[Child] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        if self.coordinators < 1:
+            raise ValueError(f"coordinators: at least 1, got {self.coordinators}")
         self.root = self.root.resolve()
-        self._nats: object | None = None
+        self._nats: EmbeddedNats | None = None
         self.auth: ClusterAuth | None = None  # the embedded server's users (deploy.natsauth)
+        self.supervisor = Supervisor(self.backoff, self.on_notice)
 
     # ------------------------------------------------------------------ plan
 
@@ -120,6 +134,15 @@ class LocalCluster:
     def logs(self) -> Path:
         return self.root / "logs"
 
+    def coordinator_names(self) -> list[str]:
+        """`coordinator`, or `coordinator-1` … `coordinator-N` for N replicas."""
+        if self.coordinators == 1:
+            return ["coordinator"]
+        return [f"coordinator-{k}" for k in range(1, self.coordinators + 1)]
+
+    def controller_names(self) -> list[str]:
+        return ["controller-c1", "controller-c2"] if self.standby else ["controller-c1"]
+
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
@@ -129,7 +152,6 @@ class LocalCluster:
         cfg_path.write_bytes(orjson.dumps(self.cfg.model_dump(mode="json"), option=orjson.OPT_INDENT_2))
         if self.nats_url is None:
             from deploy.natsauth import prepare
-            from streams.server import EmbeddedNats
 
             nodes = [p.node_id for p in self.node_plan()]
             self.auth = await asyncio.to_thread(prepare, self.root, nodes, self.cfg.nats)  # may run openssl
@@ -162,18 +184,23 @@ class LocalCluster:
                     str(self.ports.controller + i),
                 ],
             )
-        self._spawn(
-            "coordinator",
-            [
-                *py,
-                "coordinator",
-                *common,
-                "--host",
-                self.cfg.coordinator.host,
-                "--port",
-                str(self.ports.coordinator),
-            ],
-        )
+        for name in self.coordinator_names():
+            reuse = ["--reuse-port"] if self.coordinators > 1 else []
+            self._spawn(
+                name,
+                [
+                    *py,
+                    "coordinator",
+                    *common,
+                    "--host",
+                    self.cfg.coordinator.host,
+                    "--port",
+                    str(self.ports.coordinator),
+                    "--name",
+                    name,
+                    *reuse,
+                ],
+            )
         for plan in self.node_plan():
             self._spawn(
                 f"nodeagent-{plan.node_id}",
@@ -195,6 +222,8 @@ class LocalCluster:
                     str(self.logs),
                 ],
             )
+        if self.supervise:
+            self._supervise_all()
 
     async def _ensure_streams(self) -> None:
         from streams.connection import connect
@@ -225,6 +254,8 @@ class LocalCluster:
         if self.auth is not None:
             env = self.auth.child_env(env, name)  # its role's credentials, nobody else's
         with log.open("ab") as fh:
+            fh.write(f"--- {time.strftime('%H:%M:%S')} starting {name}\n".encode())
+            fh.flush()
             proc = subprocess.Popen(
                 argv,
                 stdout=fh,
@@ -233,9 +264,45 @@ class LocalCluster:
                 env=env,
                 start_new_session=True,
             )
-        child = Child(name, argv, log, proc)
+        child = Child(name, argv, log, proc, extra)
         self.children.append(child)
         return child
+
+    # ------------------------------------------------------------------ supervision
+
+    def _supervise_all(self) -> None:
+        for c in list(self.children):
+            self._watch_child(c.name)
+        nats = self._nats
+        if nats is not None:
+            self.supervisor.watch(Watch(NATS, lambda: nats.pid, nats.wait, nats.start))
+
+    def _watch_child(self, name: str) -> None:
+        def current() -> object:
+            return self.child(name).proc
+
+        async def wait() -> int:
+            proc = self.child(name).proc
+            assert proc is not None
+            return await wait_popen(proc)
+
+        async def respawn() -> None:
+            old = self.child(name)
+            self.children.remove(old)
+            self._spawn(name, old.argv, old.env)
+
+        self.supervisor.watch(Watch(name, current, wait, respawn))
+
+    def restarts(self, name: str) -> int:
+        """How many times the supervisor restarted the process `name` (a child or `nats-server`)."""
+        return self.supervisor.restarts(name)
+
+    @property
+    def nats(self) -> EmbeddedNats:
+        """The embedded nats-server (a test stops, freezes and restarts it on the same store)."""
+        if self._nats is None:
+            raise RuntimeError("this cluster uses an external NATS")
+        return self._nats
 
     def child(self, name: str) -> Child:
         for c in self.children:
@@ -244,8 +311,16 @@ class LocalCluster:
         raise KeyError(name)
 
     def exited(self) -> list[Child]:
-        """Children that have exited (a crash during `motor up` is reported with its log)."""
-        return [c for c in self.children if c.proc is not None and c.proc.poll() is not None]
+        """Children that have exited and will not be restarted (a crash, shown with its log)."""
+        return [
+            c
+            for c in self.children
+            if c.proc is not None and c.proc.poll() is not None and not self._restartable(c.name)
+        ]
+
+    def _restartable(self, name: str) -> bool:
+        w = self.supervisor.watches.get(name)
+        return w is not None and w.supervised and not self.supervisor.stopping
 
     def kill_child(self, name: str, sig: int = signal.SIGKILL) -> None:
         c = self.child(name)
@@ -269,6 +344,7 @@ class LocalCluster:
 
     async def stop(self, grace: float = 10.0) -> int:
         """Stop every process this cluster started, engines included; return how many."""
+        await self.supervisor.stop()  # deliberate: nothing is restarted from here on
         procs = [c.proc for c in self.children if c.proc is not None and c.proc.poll() is None]
         # Node agents first (they stop their engines), then the rest.
         order = sorted(
@@ -298,7 +374,7 @@ class LocalCluster:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
         if self._nats is not None:
-            await self._nats.stop()  # type: ignore[attr-defined]
+            await self._nats.stop()
             self._nats = None
         return len(procs) + len(strays)
 

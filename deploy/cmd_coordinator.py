@@ -15,6 +15,11 @@ def register(sub: Any) -> None:
     p.add_argument("--port", type=int, help="port to listen on, 0 for a free one (default: coordinator.port)")
     p.add_argument("--mgmt-port", type=int, help="management API port (default: coordinator.mgmt_port)")
     p.add_argument("--name", default="coordinator", help="replica name (NATS client name, event source)")
+    p.add_argument(
+        "--reuse-port",
+        action="store_true",
+        help="listen with SO_REUSEPORT, so several replicas share one port (motor up --coordinators N)",
+    )
     p.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
     p.set_defaults(func=_run)
 
@@ -48,7 +53,13 @@ def _run(args: argparse.Namespace) -> int:
     urls = [u.strip() for u in args.nats_url.split(",") if u.strip()] if args.nats_url else None
     nats = NatsOptions.from_config(cfg.nats, urls=urls)
     service = CoordinatorService(
-        cfg.coordinator, nats, host=args.host, port=args.port, mgmt_port=args.mgmt_port, name=args.name
+        cfg.coordinator,
+        nats,
+        host=args.host,
+        port=args.port,
+        mgmt_port=args.mgmt_port,
+        name=args.name,
+        reuse_port=args.reuse_port,
     )
 
     async def main() -> None:

@@ -35,6 +35,18 @@ def register(sub: Any) -> None:
     up.add_argument("--root", default=".motor", help="state dir: NATS data, logs (default %(default)s)")
     up.add_argument("--no-live", action="store_true", help="print status lines instead of a live table")
     up.add_argument("--no-standby", action="store_true", help="run one controller only")
+    up.add_argument(
+        "--coordinators",
+        type=int,
+        default=1,
+        metavar="N",
+        help="coordinator replicas sharing the coordinator port (SO_REUSEPORT); default 1",
+    )
+    up.add_argument(
+        "--no-restart",
+        action="store_true",
+        help="leave a crashed process down instead of restarting it with backoff",
+    )
     up.set_defaults(func=_up)
     st = sub.add_parser("status", help="print the cluster table from the log of a running cluster")
     add_nats_args(st)
@@ -62,6 +74,10 @@ def _up(args: argparse.Namespace) -> int:
     from deploy.cluster import LocalCluster, Ports
     from deploy.localports import one_machine_ports
 
+    if args.coordinators < 1:
+        print(f"motor up: --coordinators: at least 1, got {args.coordinators}", file=sys.stderr)
+        return 2
+
     needed = sum(sec.instances * sec.nodes_per_instance() for sec in cfg.sections().values())
     try:
         cfg, notes = one_machine_ports(
@@ -85,6 +101,8 @@ def _up(args: argparse.Namespace) -> int:
         nats_url=args.nats_url,
         nodes=args.nodes,
         standby=not args.no_standby,
+        coordinators=args.coordinators,
+        supervise=not args.no_restart,
     )
     busy = [
         (what, p)
@@ -118,6 +136,17 @@ async def _run_up(cluster: Any, *, live: bool) -> int:
     from streams.connection import connect
 
     console = Console()
+
+    def on_notice(n: Any) -> None:
+        # Printed above the live table (rich keeps the table at the bottom).
+        style = "green" if n.kind == "restarted" else "yellow"
+        console.print(f"{time.strftime('%H:%M:%S')} [{style}]{n.describe()}[/]")
+        if n.kind == "exited" and n.exit_code is not None and n.exit_code > 0:
+            child = next((c for c in cluster.children if c.name == n.name), None)
+            if child is not None:
+                console.print(f"last lines of {child.log}:\n{_tail(child.log)}")
+
+    cluster.supervisor.on_notice = on_notice
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -132,9 +161,11 @@ async def _run_up(cluster: Any, *, live: bool) -> int:
             await cluster.stop()
             console.print(f"logs: {cluster.logs}")
             return 1
+    coords = "coordinator" if cluster.coordinators == 1 else f"{cluster.coordinators} coordinators"
     console.print(
         f"[green]started[/] nats ({cluster.url}), controller{'s c1+c2' if cluster.standby else ' c1'}, "
-        f"coordinator, {len(plan)} node agents ({', '.join(p.node_id for p in plan)}) — logs in {cluster.logs}"
+        f"{coords}, {len(plan)} node agents ({', '.join(p.node_id for p in plan)}) — logs in {cluster.logs}"
+        + ("" if cluster.supervise else " (crashed processes stay down: --no-restart)")
     )
     nc = await connect(cluster.client_options("inspect"), name="motor-up")
     watcher = StateWatcher(nc)
@@ -171,8 +202,10 @@ async def _run_up(cluster: Any, *, live: bool) -> int:
                     lv.update(status_table(state, time.time()))
                 elif time.monotonic() - last_line > 5:
                     last_line = time.monotonic()
+                    restarts = sum(w.restarts for w in cluster.supervisor.watches.values())
                     console.print(
                         f"{time.strftime('%H:%M:%S')} instances active {active}/{total}, nodes {len(state.nodes)}"
+                        + (f", {restarts} restarts" if restarts else "")
                     )
     finally:
         await watcher.stop()

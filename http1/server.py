@@ -363,8 +363,11 @@ class Server:
         """The open client connections."""
         return self.watchdog.conns if self.watchdog is not None else set()
 
-    async def start(self, host: str, port: int, *, sock: socket.socket | None = None) -> None:
-        """Listen on host:port (port 0 picks a free one), or on an already bound socket."""
+    async def start(
+        self, host: str, port: int, *, sock: socket.socket | None = None, reuse_port: bool = False
+    ) -> None:
+        """Listen on host:port (port 0 picks a free one), or on an already bound socket;
+        `reuse_port` shares the port with other processes (coordinator replicas)."""
         loop = asyncio.get_running_loop()
         watchdog = self.watchdog = Watchdog(self.limits, loop, fds_per_conn=self.fds_per_conn)
         handler, max_body, error_body, normalize = (
@@ -382,7 +385,9 @@ class Server:
         if sock is not None:
             self.server = await loop.create_server(factory, sock=sock, backlog=2048)
         else:
-            self.server = await loop.create_server(factory, host, port, backlog=2048, reuse_address=True)
+            self.server = await loop.create_server(
+                factory, host, port, backlog=2048, reuse_address=True, reuse_port=reuse_port or None
+            )
 
     @property
     def port(self) -> int:

@@ -181,6 +181,9 @@ class EmbeddedNats:
             return
         binary = find_nats_server()
         conf = self._write_config()
+        if self._log_fh is not None:  # a restart after the server died: reopen the log
+            self._log_fh.close()
+            self._log_fh = None
         if self.log_file is not None:
             self.log_file.parent.mkdir(parents=True, exist_ok=True)
             self._log_fh = self.log_file.open("ab")
@@ -239,6 +242,13 @@ class EmbeddedNats:
             writer.close()
             with contextlib.suppress(OSError):
                 await writer.wait_closed()
+
+    async def wait(self) -> int | None:
+        """Await the running server's exit and return its code (None when none runs)."""
+        proc = self._proc
+        if proc is None:
+            return None
+        return await proc.wait()
 
     async def stop(self) -> None:
         """Stop the server (SIGTERM, then SIGKILL after STOP_TIMEOUT) and wait for it to exit."""

@@ -22,7 +22,7 @@ import openai
 import pytest
 
 from core.events import InstanceState, Role
-from tests.e2e.conftest import Harness, engine_pid
+from tests.localcluster import Harness, engine_pid
 
 PROMPT = [{"role": "user", "content": "Tell me about the event log of a control plane"}]
 

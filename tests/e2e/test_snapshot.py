@@ -18,7 +18,7 @@ import orjson
 import pytest
 
 from core.events import InstanceState, Role, SnapshotPhase
-from tests.e2e.conftest import Harness, cluster_config, engine_pid, running_cluster
+from tests.localcluster import Harness, cluster_config, engine_pid, running_cluster
 
 
 @pytest.fixture(scope="module")

@@ -20,9 +20,9 @@ from core.state import ClusterState
 from deploy.cluster import LocalCluster
 from deploy.watch import StateWatcher
 from streams.connection import connect
-from tests.e2e.conftest import engine_pid as serving_pid
-from tests.e2e.conftest import free_ports
 from tests.integration.nodeagent_harness import EventTail
+from tests.localcluster import engine_pid as serving_pid
+from tests.localcluster import free_ports
 from tests.real.vllm_proc import ROOT, STARTUP_TIMEOUT
 
 # vLLM takes 40 s to minutes to load here: the controller must not give up on a recovery
@@ -114,6 +114,7 @@ async def real_cluster(root: Path, raw: dict[str, Any], nodes: int) -> AsyncIter
         ports=free_ports(nodes),
         nodes=nodes,
         standby=False,
+        supervise=False,  # a crash fails the phase at once instead of being restarted
         extra_env={"PYTHONPATH": str(ROOT)},
     )
     watcher: StateWatcher | None = None

@@ -1,0 +1,208 @@
+"""Supervision for `motor up`: a process that exits on its own is started again, with backoff.
+
+`Backoff` is the pure rule (0.5 s doubling to 10 s; a process that stayed up `stable_after`
+seconds starts the next streak from the beginning). `Supervisor` runs one task per watched
+process: it awaits the exit, waits the backoff and respawns. A deliberate stop (`stop()`)
+restarts nothing; a held process (`hold(name)`) is left alone until released, so a test can
+kill something and bring it back itself; a process replaced while the supervisor waited
+(`restart_child`, a holder's own restart) is followed instead of restarted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import subprocess
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """Restart delays: `initial` doubling (`factor`) up to `maximum`; reset after a stable run."""
+
+    initial: float = 0.5
+    factor: float = 2.0
+    maximum: float = 10.0
+    stable_after: float = 30.0
+
+    def next(self, streak: int, uptime: float) -> tuple[float, int]:
+        """(delay before the restart, new streak) for a process that ran `uptime` s and exited."""
+        if uptime >= self.stable_after:
+            streak = 0
+        return min(self.initial * self.factor**streak, self.maximum), streak + 1
+
+
+@dataclass(frozen=True, slots=True)
+class Notice:
+    """Something the supervisor did, for the live view and the status lines."""
+
+    name: str
+    kind: str  # "exited" (a restart is due after `delay`) | "restarted" | "failed" (respawn raised)
+    exit_code: int | None
+    delay: float
+    restarts: int
+    detail: str = ""
+
+    def describe(self) -> str:
+        """One status line, e.g. `restarted coordinator-1 (exit -9) after 0.5 s, 2 restarts`."""
+        code = f"exit {self.exit_code}" if self.exit_code is not None else "exit ?"
+        if self.kind == "exited":
+            return f"{self.name} exited ({code}); restarting in {self.delay:g} s"
+        if self.kind == "failed":
+            return f"could not restart {self.name} ({code}): {self.detail}; trying again"
+        plural = "restart" if self.restarts == 1 else "restarts"
+        return f"restarted {self.name} ({code}) after {self.delay:g} s, {self.restarts} {plural}"
+
+
+@dataclass
+class Watch:
+    """One supervised process: how to see it, await its exit and start it again."""
+
+    name: str
+    current: Callable[[], object]  # identity of the running process (changes when replaced)
+    wait: Callable[[], Awaitable[int | None]]  # the current process's exit code, once it exits
+    respawn: Callable[[], Awaitable[None]]
+    supervised: bool = True
+    restarts: int = 0
+    streak: int = 0
+    started_at: float = field(default_factory=time.monotonic)
+    holds: int = 0
+    released: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def __post_init__(self) -> None:
+        self.released.set()
+
+
+class Supervisor:
+    """Restarts watched processes that exit on their own."""
+
+    def __init__(
+        self, backoff: Backoff = Backoff(), on_notice: Callable[[Notice], None] | None = None
+    ) -> None:
+        self.backoff = backoff
+        self.on_notice = on_notice
+        self.notices: list[Notice] = []
+        self.watches: dict[str, Watch] = {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._stopping = False
+
+    def watch(self, w: Watch) -> None:
+        """Start supervising `w` (replacing an earlier watch of the same name)."""
+        old = self._tasks.pop(w.name, None)
+        if old is not None:
+            old.cancel()
+        self.watches[w.name] = w
+        self._tasks[w.name] = asyncio.get_running_loop().create_task(self._run(w), name=f"supervise-{w.name}")
+
+    @property
+    def stopping(self) -> bool:
+        """Whether `stop()` was called (nothing is restarted any more)."""
+        return self._stopping
+
+    def restarts(self, name: str) -> int:
+        """How many times the supervisor restarted `name`."""
+        w = self.watches.get(name)
+        return w.restarts if w is not None else 0
+
+    def set_supervised(self, name: str, on: bool) -> None:
+        """Turn supervision of one process off (it stays down when it exits) or back on."""
+        self.watches[name].supervised = on
+
+    @contextlib.contextmanager
+    def hold(self, name: str) -> Iterator[None]:
+        """Leave `name` alone while inside (a test kills it and starts it again itself)."""
+        w = self.watches[name]
+        w.holds += 1
+        w.released.clear()
+        try:
+            yield
+        finally:
+            w.holds -= 1
+            if w.holds == 0:
+                w.started_at = time.monotonic()
+                w.released.set()
+
+    async def stop(self) -> None:
+        """Stop supervising: whatever exits from now on stays down."""
+        self._stopping = True
+        tasks = list(self._tasks.values())
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+
+    def _notify(self, n: Notice) -> None:
+        self.notices.append(n)
+        log.warning("%s", n.describe())
+        if self.on_notice is not None:
+            self.on_notice(n)
+
+    async def _run(self, w: Watch) -> None:
+        while not self._stopping:
+            proc = w.current()
+            if proc is None:
+                return  # stopped deliberately (nothing runs under this name)
+            code = await w.wait()
+            if self._stopping:
+                return
+            await w.released.wait()
+            if w.current() is not proc:
+                continue  # replaced while we waited: follow the new process
+            if not w.supervised:
+                return
+            uptime = time.monotonic() - w.started_at
+            delay, w.streak = self.backoff.next(w.streak, uptime)
+            self._notify(Notice(w.name, "exited", code, delay, w.restarts))
+            await asyncio.sleep(delay)  # the backoff itself: nothing to await but time
+            if self._stopping:
+                return
+            if w.current() is not proc or not w.released.is_set():
+                continue
+            try:
+                await w.respawn()
+            except Exception as exc:  # a port still held, a binary gone: try again later
+                self._notify(Notice(w.name, "failed", code, delay, w.restarts, detail=str(exc)))
+                continue
+            w.restarts += 1
+            w.started_at = time.monotonic()
+            self._notify(Notice(w.name, "restarted", code, delay, w.restarts))
+
+
+async def wait_popen(proc: subprocess.Popen[bytes]) -> int:
+    """Await a child's exit without a thread: a pidfd is readable once the process is gone."""
+    if proc.poll() is not None:
+        return int(proc.returncode)
+    loop = asyncio.get_running_loop()
+    try:
+        fd = os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):  # reaped meanwhile, or no pidfd on this platform
+        return await _poll_exit(proc)
+    gone = loop.create_future()
+
+    def readable() -> None:
+        if not gone.done():
+            gone.set_result(None)
+
+    loop.add_reader(fd, readable)
+    try:
+        await gone
+    finally:
+        loop.remove_reader(fd)
+        os.close(fd)
+    # The pidfd says the process exited; reaping it is immediate now.
+    return int(proc.wait())
+
+
+async def _poll_exit(proc: subprocess.Popen[bytes]) -> int:
+    delay = 0.05
+    while proc.poll() is None:
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 0.5)
+    return int(proc.returncode)
