@@ -24,6 +24,11 @@ up *ARGS:
 test *ARGS: test-deps
     {{python}} -m pytest -q {{ARGS}}
 
+# The chaos suite: one fault per scenario on the real local cluster under client traffic,
+# every invariant of issue 11 printed (tests/chaos; not part of `just test`, ~15 min).
+chaos *ARGS:
+    {{python}} -m pytest -q -s tests/chaos -m chaos {{ARGS}}
+
 # Install Debian's chromium when missing (the e2e test opens the replay timeline in it).
 test-deps:
     #!/usr/bin/env bash

@@ -78,9 +78,16 @@ def cluster_config(**overrides: Any) -> ClusterConfig:
         },
         "coordinator": {"retries": 3, "breaker": {"failures": 2, "backoff_initial": 2.0, "backoff_max": 5.0}},
     }
-    for key, value in overrides.items():
-        raw[key] = {**raw.get(key, {}), **value} if isinstance(value, dict) else value
-    return config_from_dict(raw, "<e2e>")
+    return config_from_dict(merged(raw, overrides), "<e2e>")
+
+
+def merged(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """`base` with `over` laid on top, nested dicts merged key by key."""
+    out = dict(base)
+    for key, value in over.items():
+        old = out.get(key)
+        out[key] = merged(old, value) if isinstance(value, dict) and isinstance(old, dict) else value
+    return out
 
 
 class Harness:

@@ -1,0 +1,138 @@
+"""`motor up` itself, as a user runs it: two coordinator replicas on one port; one killed -9 is
+restarted by the supervisor and the status lines say so; Ctrl-C stops everything for good."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from pathlib import Path
+
+import openai
+import orjson
+
+from deploy.supervise import Backoff
+from streams.server import EmbeddedNats
+from tests.localcluster import cluster_config, free_ports
+
+
+def _pids_with(word: bytes) -> list[int]:
+    """Processes whose command line holds `word` (this test's config path)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if word in argv:
+            out.append(int(entry.name))
+    return out
+
+
+def _pid_of(config: Path, name: str) -> int:
+    key = str(config).encode()
+    for pid in _pids_with(key):
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        if name.encode() in argv:
+            return pid
+    raise AssertionError(f"no {name} process")
+
+
+class Lines:
+    """The lines `motor up` printed so far; `wait` for one that holds a text."""
+
+    def __init__(self, stream: asyncio.StreamReader) -> None:
+        self.stream = stream
+        self.seen: list[str] = []
+
+    async def wait(self, text: str, within: float) -> str:
+        for line in self.seen:
+            if text in line:
+                return line
+        async with asyncio.timeout(within):
+            while True:
+                raw = await self.stream.readline()
+                assert raw, f"motor up ended before printing {text!r}:\n" + "\n".join(self.seen)
+                line = raw.decode(errors="replace").rstrip()
+                self.seen.append(line)
+                if text in line:
+                    return line
+
+
+async def ask(base: str) -> str:
+    client = openai.AsyncOpenAI(base_url=base, api_key="none", max_retries=0, timeout=30)
+    try:
+        r = await client.chat.completions.create(
+            model="motor-sim", messages=[{"role": "user", "content": "hi"}], max_tokens=8, temperature=0
+        )
+        return r.choices[0].message.content or ""
+    finally:
+        await client.close()
+
+
+async def test_motor_up_restarts_a_killed_coordinator_replica_and_stops_on_ctrl_c(tmp_path: Path) -> None:
+    ports = free_ports(1)
+    cfg = cluster_config(
+        prefill=None,
+        decode=None,
+        coordinator={"port": ports.coordinator},
+        controller={"port": ports.controller},
+        nodeagent={"port_base": ports.nodeagent, "engine_port_base": ports.engine},
+    )
+    config = tmp_path / "cluster.json"
+    config.write_bytes(orjson.dumps(cfg.model_dump(mode="json")))
+    nats = EmbeddedNats(tmp_path / "nats")
+    await nats.start()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "deploy.cli",
+        "up",
+        "--config",
+        str(config),
+        "--nats-url",
+        nats.url,
+        "--root",
+        str(tmp_path / "root"),
+        "--no-live",
+        "--coordinators",
+        "2",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        env={**os.environ, "COLUMNS": "250", "PYTHONPATH": os.getcwd()},
+    )
+    assert proc.stdout is not None
+    out = Lines(proc.stdout)
+    # `motor up` hands its children the config it writes under --root.
+    marker = (tmp_path / "root").resolve() / "cluster.json"
+    try:
+        assert "2 coordinators" in await out.wait("started", 60)
+        await out.wait("ready in", 90)
+        base = f"http://127.0.0.1:{ports.coordinator}/v1"
+        assert await ask(base)
+        victim = _pid_of(marker, "coordinator-1")
+        os.kill(victim, signal.SIGKILL)
+        # The other replica serves on the same port meanwhile.
+        assert await ask(base)
+        first = Backoff().initial
+        line = await out.wait("restarted coordinator-1", 30)
+        assert f"restarted coordinator-1 (exit -9) after {first:g} s, 1 restart" in line
+        assert _pid_of(marker, "coordinator-1") != victim
+        assert await ask(base)
+        proc.send_signal(signal.SIGINT)
+        await out.wait("stopped", 60)
+        assert await asyncio.wait_for(proc.wait(), 30) == 0
+        # Deliberately stopped: nothing comes back, engines included.
+        await asyncio.sleep(4 * first)
+        assert _pids_with(str(marker).encode()) == []
+        assert _pids_with(str(ports.engine).encode()) == []
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        for pid in _pids_with(str(marker).encode()):
+            os.kill(pid, signal.SIGKILL)
+        await nats.stop()
