@@ -43,9 +43,11 @@ async def test_decode_engine_hangs(chaos: ChaosCluster) -> None:
     async with sc.traffic():
         hit = await hit_engine(chaos, Role.DECODE, signal.SIGSTOP)
         sc.fault(hit.at)
-        await exited(hit.pid, HANG_FOR)  # its node agent may replace it; else it wakes up below
+        replaced = await exited(hit.pid, HANG_FOR)  # its node agent may replace it; else it wakes up
         ended = time.time()
         signal_pid(hit.pid, signal.SIGCONT)
+        what = "its node agent killed it" if replaced else "it was woken (SIGCONT)"
+        print(f"   the hung engine is gone after {ended - hit.at:.1f} s: {what}", flush=True)
         took = await sc.converge(ended)
     sc.check(inv.fault_hit(hit.in_flight, hit.engine.label))
     entries = await sc.common(
