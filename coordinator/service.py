@@ -220,6 +220,10 @@ class CoordinatorService:
         await self._lifespan.start()
         self._proxy = build_proxy(ctx, mgmt_app=mgmt, name=self.name)
         limits = self.settings.http
+        if self.reuse_port:
+            # Sharing the port, a replica takes connections the moment it listens: it joins
+            # once its table holds the log, or a restarted one would answer 503 meanwhile.
+            await ctx.caught_up.wait()
         self.server = ProxyServer(self._proxy.app, max_body=self.settings.max_body_bytes, limits=limits)
         await self.server.start(self.host, self.want_port, reuse_port=self.reuse_port)
         log.info("coordinator listening on http://%s:%d", self.host, self.port)
@@ -231,7 +235,12 @@ class CoordinatorService:
 
             mp = self.settings.mgmt_port
             self.mgmt_server = await start_mgmt_server(
-                mgmt, self.host, mp, max_body=self.settings.max_body_bytes, limits=limits
+                mgmt,
+                self.host,
+                mp,
+                max_body=self.settings.max_body_bytes,
+                limits=limits,
+                reuse_port=self.reuse_port,
             )
             assert self.mgmt_server.watchdog is not None
             http.add(self.mgmt_server.watchdog)

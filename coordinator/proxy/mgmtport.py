@@ -25,9 +25,16 @@ class MgmtOnly:
 
 
 async def start_mgmt_server(
-    mgmt_app: ASGIApp, host: str, port: int, *, max_body: int, limits: HttpLimitsConfig | None = None
+    mgmt_app: ASGIApp,
+    host: str,
+    port: int,
+    *,
+    max_body: int,
+    limits: HttpLimitsConfig | None = None,
+    reuse_port: bool = False,
 ) -> ProxyServer:
-    """Listen on the management port (within the HTTP `limits`); the caller stops the server."""
+    """Listen on the management port (within the HTTP `limits`; shared by replicas with
+    `reuse_port`); the caller stops the server."""
     server = ProxyServer(MgmtOnly(mgmt_app), max_body=max_body, limits=limits)
-    await server.start(host, port)
+    await server.start(host, port, reuse_port=reuse_port)
     return server

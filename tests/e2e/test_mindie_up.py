@@ -22,7 +22,7 @@ import pytest
 from nats.js import JetStreamContext
 
 from streams.server import EmbeddedNats
-from tests.e2e.conftest import engine_pid, free_ports
+from tests.localcluster import engine_pid, free_ports
 
 ROOT = Path(__file__).resolve().parents[2]
 

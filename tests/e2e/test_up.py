@@ -9,6 +9,7 @@ import signal
 import sys
 from pathlib import Path
 
+import aiohttp
 import openai
 import orjson
 
@@ -78,7 +79,8 @@ async def test_motor_up_restarts_a_killed_coordinator_replica_and_stops_on_ctrl_
     cfg = cluster_config(
         prefill=None,
         decode=None,
-        coordinator={"port": ports.coordinator},
+        # Both replicas share the management port too (seed 001's manage port).
+        coordinator={"port": ports.coordinator, "mgmt_port": ports.nats + 5},
         controller={"port": ports.controller},
         nodeagent={"port_base": ports.nodeagent, "engine_port_base": ports.engine},
     )
@@ -113,6 +115,11 @@ async def test_motor_up_restarts_a_killed_coordinator_replica_and_stops_on_ctrl_
         await out.wait("ready in", 90)
         base = f"http://127.0.0.1:{ports.coordinator}/v1"
         assert await ask(base)
+        mgmt = f"http://127.0.0.1:{ports.nats + 5}"
+        async with aiohttp.ClientSession() as s:
+            for _ in range(4):  # new connections: either replica may answer
+                async with s.get(mgmt + "/liveness", headers={"Connection": "close"}) as r:
+                    assert r.status == 200
         victim = _pid_of(marker, "coordinator-1")
         os.kill(victim, signal.SIGKILL)
         # The other replica serves on the same port meanwhile.
@@ -122,6 +129,7 @@ async def test_motor_up_restarts_a_killed_coordinator_replica_and_stops_on_ctrl_
         assert f"restarted coordinator-1 (exit -9) after {first:g} s, 1 restart" in line
         assert _pid_of(marker, "coordinator-1") != victim
         assert await ask(base)
+        assert not [line for line in out.seen if "coordinator-2 exited" in line], out.seen
         proc.send_signal(signal.SIGINT)
         await out.wait("stopped", 60)
         assert await asyncio.wait_for(proc.wait(), 30) == 0
