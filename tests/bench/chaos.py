@@ -36,7 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from tests.chaos.faults import kill_child, nats_down
-from tests.chaos.harness import ROLES, ChaosCluster, converged, pid_on, served
+from tests.chaos.fleet import ROLES, converged, pid_on, served
+from tests.chaos.harness import ChaosCluster
 from tests.chaos.load import LoadGen, Outcome
 from tests.chaos.scenario import hit_engine
 

@@ -18,28 +18,25 @@ import sys
 import time
 from collections.abc import Callable
 from contextlib import AsyncExitStack
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import openai
 import orjson
 
 from core.config import BreakerConfig, ClusterConfig, ControllerConfig, CoordinatorConfig
-from core.events import InstanceState, Role
 from core.state import ClusterState
 from deploy.cluster import NATS, LocalCluster
 from deploy.watch import snapshot_state
 from streams.definitions import MOTOR_STREAM
 from streams.reader import read_deliveries
+from tests.chaos.fleet import converged, engines, not_active, probe, scrape, served
 from tests.chaos.invariants import Entry, Proc
 from tests.chaos.load import SPECS, LoadGen, Outcome, reference_texts, run_one
-from tests.localcluster import Harness, cluster_config, engine_pid, running_cluster
+from tests.localcluster import Harness, cluster_config, running_cluster
 
 log = logging.getLogger(__name__)
 
-ROLES = (Role.UNION, Role.PREFILL, Role.DECODE)
 FIRST_TOKEN_TIMEOUT = 5.0
 INTER_TOKEN_TIMEOUT = 5.0
 
@@ -61,89 +58,6 @@ def chaos_config() -> ClusterConfig:
         prefill=engine,
         decode=engine,
     )
-
-
-@dataclass(frozen=True, slots=True)
-class Engine:
-    """One engine endpoint of an instance, as the fold places it."""
-
-    role: Role
-    instance_id: int
-    node_id: str
-    port: int
-
-    @property
-    def label(self) -> str:
-        return f"{self.role.value} engine ({self.node_id}:{self.port})"
-
-
-def converged(state: ClusterState) -> bool:
-    """One ACTIVE instance per role, every endpoint of it READY."""
-    return all(_active(state, role) for role in ROLES)
-
-
-def _active(state: ClusterState, role: Role) -> bool:
-    for inst in state.instances.values():
-        if inst.spec.role != role or inst.state != InstanceState.ACTIVE:
-            continue
-        nodes = [state.nodes.get(m.node_id) for m in inst.spec.members]
-        if all(n is not None and n.all_ready() for n in nodes):
-            return True
-    return False
-
-
-def engines(state: ClusterState) -> list[Engine]:
-    """Every engine endpoint of every ACTIVE instance."""
-    out = []
-    for iid, inst in sorted(state.instances.items()):
-        if inst.state != InstanceState.ACTIVE:
-            continue
-        for m in inst.spec.members:
-            for ep in m.endpoints:
-                out.append(Engine(inst.spec.role, iid, m.node_id, ep.business_port))
-    return out
-
-
-async def scrape(url: str, limit: float = 5.0) -> str | None:
-    """GET `url` on a new connection; the body, or None when it does not answer 200."""
-    try:
-        async with (
-            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=limit)) as s,
-            s.get(url) as r,
-        ):
-            return await r.text() if r.status == 200 else None
-    except (aiohttp.ClientError, TimeoutError, OSError):
-        return None
-
-
-def counter(text: str | None, *names: str) -> float:
-    """Sum of the samples of the named metrics (any labels) in a Prometheus text body."""
-    if text is None:
-        return 0.0
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith(names):
-            with contextlib.suppress(ValueError):
-                total += float(line.rsplit(" ", 1)[1])
-    return total
-
-
-async def served(port: int) -> float:
-    """Tokens the engine on `port` processed so far (0 while it is down)."""
-    text = await scrape(f"http://127.0.0.1:{port}/metrics")
-    return counter(text, "vllm:prompt_tokens_total", "vllm:generation_tokens_total")
-
-
-async def running(port: int) -> int:
-    """Requests the engine on `port` is running now."""
-    return int(counter(await scrape(f"http://127.0.0.1:{port}/metrics"), "vllm:num_requests_running"))
-
-
-def pid_on(port: int) -> int | None:
-    try:
-        return engine_pid(port)
-    except AssertionError:
-        return None
 
 
 class ChaosCluster:
@@ -198,7 +112,7 @@ class ChaosCluster:
             stack, self._stack = self._stack, None
             await stack.aclose()
 
-    async def ensure_healthy(self, within: float = 45.0) -> None:
+    async def ensure_healthy(self, within: float = 30.0) -> None:
         """Converged and serving (what the previous scenario left healed), or a fresh cluster."""
         deadline = time.monotonic() + within
         while time.monotonic() < deadline:
@@ -263,10 +177,6 @@ class ChaosCluster:
         )
 
     # ------------------------------------------------------------------ processes
-
-    def process_names(self) -> list[str]:
-        c = self.cluster
-        return [ch.name for ch in c.children] + [NATS]
 
     def snapshot_procs(self) -> dict[str, tuple[int | None, int]]:
         """name -> (pid, supervisor restarts so far)."""
@@ -362,37 +272,11 @@ class ChaosCluster:
             state = await self.fold()
             if state is None:
                 return None, f"a fold of the log fails ({self.fold_error})"
-            return None, "; ".join(_not_active(state)) or "not every role has an ACTIVE instance"
+            return None, "; ".join(not_active(state)) or "not every role has an ACTIVE instance"
         ok, missing = await self.routes_to_all(load, max(1.0, since + within - time.time()))
         if not ok:
             return None, "no request reached " + ", ".join(missing)
         return time.time() - since, ""
-
-
-def _not_active(state: ClusterState) -> list[str]:
-    out = []
-    for role in ROLES:
-        if not _active(state, role):
-            mine = [f"{i} {r.state.value}" for i, r in sorted(state.instances.items()) if r.spec.role == role]
-            out.append(f"{role.value}: {', '.join(mine) or 'no instance'}")
-    return out
-
-
-async def probe(base_url: str, load: LoadGen | None, n: int = 8) -> None:
-    """A burst of `n` concurrent requests (recorded with the load's outcomes when given)."""
-    client = openai.AsyncOpenAI(base_url=base_url, api_key="none", max_retries=0, timeout=30)
-
-    async def one(i: int) -> None:
-        spec = SPECS[i % len(SPECS)]
-        out = Outcome(spec.key, -2, spec.stream, time.time())
-        await run_one(client, spec, out)
-        if load is not None:
-            load.outcomes.append(out)
-
-    try:
-        await asyncio.gather(*(one(i) for i in range(n)))
-    finally:
-        await client.close()
 
 
 def _entry(seq: int, subject: str, raw: bytes) -> Entry:

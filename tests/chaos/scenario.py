@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from core.events import Role
 from tests.chaos import invariants as inv
 from tests.chaos.faults import signal_pid, sleep_until
-from tests.chaos.harness import ChaosCluster, Engine, engines, pid_on, running, served
+from tests.chaos.fleet import Engine, engines, pid_on, running, served
+from tests.chaos.harness import ChaosCluster
 from tests.chaos.load import LoadGen
 
 CONVERGE_WITHIN = 30.0  # invariant 8

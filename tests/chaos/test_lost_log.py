@@ -11,7 +11,8 @@ import pytest
 from core.state import ClusterState
 from tests.chaos import invariants as inv
 from tests.chaos.faults import purge_motor, recreate_motor
-from tests.chaos.harness import ChaosCluster, converged, engines, pid_on
+from tests.chaos.fleet import converged, engines, pid_on
+from tests.chaos.harness import ChaosCluster
 from tests.chaos.scenario import Scenario
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(600)]

@@ -10,7 +10,8 @@ import pytest
 
 from tests.chaos import invariants as inv
 from tests.chaos.faults import nats_down
-from tests.chaos.harness import ChaosCluster, engines, pid_on
+from tests.chaos.fleet import engines, pid_on
+from tests.chaos.harness import ChaosCluster
 from tests.chaos.scenario import Scenario
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(600)]

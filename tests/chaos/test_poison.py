@@ -16,7 +16,8 @@ from core.ids import new_id
 from tests.chaos import invariants as inv
 from tests.chaos.conftest import ClusterPool
 from tests.chaos.faults import MUST_SKIP, POISON_KINDS, publish_poison, publish_sentinel
-from tests.chaos.harness import ChaosCluster, scrape
+from tests.chaos.fleet import scrape
+from tests.chaos.harness import ChaosCluster
 from tests.chaos.scenario import Scenario
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(600)]
