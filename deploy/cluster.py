@@ -355,28 +355,25 @@ class LocalCluster:
             assert c.proc is not None
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(c.proc.pid, signal.SIGTERM)
-        await asyncio.gather(*(asyncio.to_thread(_wait, p, grace) for p in procs))
+        await asyncio.gather(*(_wait(p, grace) for p in procs))
         for p in procs:
             if p.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
-        strays = list(self._session_pids())
-        for pid in strays:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + 5
-        # Not our children: nothing to await but their disappearance from /proc.
-        while time.monotonic() < deadline and any(_alive(p) for p in strays):  # noqa: ASYNC110
-            await asyncio.sleep(0.1)
-        for pid in strays:
-            if _alive(pid):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+        stray_count = 0
+        # Again until none is left: an engine a node agent was starting as it stopped shows
+        # up only after the first sweep.
+        for _ in range(3):
+            strays = list(self._session_pids())
+            if not strays:
+                break
+            stray_count += len(strays)
+            await _stop_strays(strays)
         if self._nats is not None:
             await self._nats.stop()
             self._nats = None
-        return len(procs) + len(strays)
+        return len(procs) + stray_count
 
     def _session_pids(self) -> Iterator[int]:
         marker = f"MOTOR_UP_SESSION={self.session}".encode()
@@ -392,9 +389,25 @@ class LocalCluster:
                 yield int(entry.name)
 
 
-def _wait(proc: subprocess.Popen[bytes], timeout: float) -> None:
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout)
+async def _wait(proc: subprocess.Popen[bytes], grace: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(grace):
+            await wait_popen(proc)
+
+
+async def _stop_strays(pids: list[int]) -> None:
+    """SIGTERM processes that are not our children, SIGKILL what is left after 5 s."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 5
+    # Not our children: nothing to await but their disappearance from /proc.
+    while time.monotonic() < deadline and any(_alive(p) for p in pids):  # noqa: ASYNC110
+        await asyncio.sleep(0.1)
+    for pid in pids:
+        if _alive(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def _alive(pid: int) -> bool:

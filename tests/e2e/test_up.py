@@ -4,6 +4,7 @@ restarted by the supervisor and the status lines say so; Ctrl-C stops everything
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import sys
@@ -139,8 +140,13 @@ async def test_motor_up_restarts_a_killed_coordinator_replica_and_stops_on_ctrl_
         assert _pids_with(str(ports.engine).encode()) == []
     finally:
         if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-        for pid in _pids_with(str(marker).encode()):
-            os.kill(pid, signal.SIGKILL)
+            proc.send_signal(signal.SIGINT)  # motor up stops what it started, engines too
+            try:
+                await asyncio.wait_for(proc.wait(), 60)
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
+        for pid in _pids_with(str(marker).encode()) + _pids_with(str(ports.engine).encode()):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         await nats.stop()
