@@ -40,7 +40,7 @@ def _pid_of(config: Path, name: str) -> int:
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         if name.encode() in argv:
             return pid
-    raise AssertionError(f"no {name} process")
+    raise AssertionError(f"no {name} process among {_pids_with(key)}")
 
 
 class Lines:
@@ -128,7 +128,7 @@ async def test_motor_up_restarts_a_killed_coordinator_replica_and_stops_on_ctrl_
         first = Backoff().initial
         line = await out.wait("restarted coordinator-1", 30)
         assert f"restarted coordinator-1 (exit -9) after {first:g} s, 1 restart" in line
-        assert _pid_of(marker, "coordinator-1") != victim
+        assert _pid_of(marker, "coordinator-1") != victim, out.seen
         assert await ask(base)
         assert not [line for line in out.seen if "coordinator-2 exited" in line], out.seen
         proc.send_signal(signal.SIGINT)
