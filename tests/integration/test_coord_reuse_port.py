@@ -63,3 +63,21 @@ async def test_two_replicas_share_one_port_and_join_caught_up(
             if service is not None:
                 async with asyncio.timeout(20):
                     await service.stop()
+
+
+async def test_a_starting_replica_keeps_the_lease_ttl_and_stream_settings_it_found(
+    nats_server: EmbeddedNats, nc: Client, js: JetStreamContext
+) -> None:
+    """Regression: every coordinator start reset the leader bucket to the default 6 s TTL, so a
+    supervisor restarting a replica lengthened the controllers' failover."""
+    from streams.definitions import LEADER_BUCKET, ensure_streams, kv_stream
+
+    await ensure_streams(js, lease_ttl=2.0)  # what `motor up` does with controller.lease_ttl 2
+    before = (await js.stream_info(kv_stream(LEADER_BUCKET))).config.max_age
+    service = CoordinatorService(CoordinatorConfig(host="127.0.0.1"), nats_server.url, port=0, name="r3")
+    await service.start()
+    try:
+        after = (await js.stream_info(kv_stream(LEADER_BUCKET))).config.max_age
+        assert before == after == 2.0
+    finally:
+        await service.stop()
