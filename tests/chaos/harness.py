@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import subprocess
 import sys
 import time
@@ -174,6 +175,7 @@ class ChaosCluster:
             capture_output=True,
             text=True,
             timeout=120,
+            env={**os.environ, "COLUMNS": "250"},  # rich wraps at 80 columns off a terminal
         )
 
     # ------------------------------------------------------------------ processes

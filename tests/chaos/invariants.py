@@ -369,7 +369,9 @@ def explained(entries: Sequence[Entry], since: float, explain_text: str) -> Chec
     problems = []
     if not coord:
         problems.append("no coordinator.* event (circuit, broken/continued streams) in the log")
-    if "coordinator." not in explain_text:
+    # Shown by type name, or as a line that names the deciding replica ("… by coordinator-1").
+    replicas = {str(e.data["coordinator"]) for e in coord if e.data.get("coordinator")}
+    if "coordinator." not in explain_text and not any(r in explain_text for r in replicas):
         problems.append("`motor replay --explain` shows nothing of the coordinator")
     if problems:
         return Check(name, False, "; ".join(problems))

@@ -65,7 +65,7 @@ async def replay_reads(cc: ChaosCluster, kind: str) -> inv.Check:
     """`motor replay` folds the log with the poison in it and says what it skipped."""
     out = await cc.motor("replay")
     text = out.stdout + out.stderr
-    said = re.search(r"replayed \d+ events.*?(\d+) skipped[^\n]*", text)
+    said = re.search(r"replayed \d+ events[^;]*;\s+(\d+)\s+skipped", text)
     if out.returncode != 0 or "Traceback" in text:
         tail = text.strip().splitlines()[-1:] or ["(no output)"]
         return inv.Check("5 motor replay reads it", False, f"exit {out.returncode}: {tail[0]}")

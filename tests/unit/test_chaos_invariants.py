@@ -230,6 +230,16 @@ def test_explained() -> None:
     assert not inv.explained([old], 100.0, text).ok  # before the fault: explains something else
     nothing = inv.explained([circuit], 100.0, "endpoint.status_changed DEAD")
     assert not nothing.ok and "--explain" in nothing.detail
+    named = Entry(
+        41,
+        "motor.evt.streams.decode-0",
+        "coordinator.streams_disrupted",
+        106.0,
+        {"coordinator": "coordinator-2"},
+    )
+    said = "decode-0/0 via coordinator-2 over 1.0 s: 3 streams broke: 3 continued"
+    assert inv.explained([named], 100.0, said).ok
+    assert not inv.explained([named], 100.0, "decode-0/0 DEAD").ok
 
 
 def test_report_lists_every_check() -> None:
