@@ -136,10 +136,14 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             async with load:
                 await asyncio.sleep(args.warmup)
                 calm = list(load.outcomes)
+                phases = [("warm-up", time.time())]
                 kills = await engine_kills(cc, args.engine_kills)
+                phases.append(("leader kills", time.time()))
                 failovers = await leader_kills(cc, args.leader_kills)
+                phases.append(("NATS outage", time.time()))
                 recover = await nats_outage(cc, args.outage)
             outcomes = load.outcomes
+            phases[0] = ("engine kills", phases[0][1])
         finally:
             await cc.stop()
     baseline = {
@@ -153,6 +157,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         if o.stream and o.first_byte is not None and (not o.ok or o.text != refs.get(o.spec))
     ]
     failed = [o for o in outcomes if not o.ok]
+    for o in failed:  # what failed, and in which phase: the fix it calls for
+        phase = next((name for name, t in reversed(phases) if o.started >= t), "warm-up")
+        print(f"failed in {phase}: {o.failure()} ({o.describe(phases[0][1])})")
     return {
         "requests": len(outcomes),
         "reroute_p99_ms": round(p99(reroute_ms(outcomes, kills, baseline))),

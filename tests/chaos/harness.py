@@ -53,7 +53,9 @@ def chaos_config() -> ClusterConfig:
         coordinator["inter_token_timeout"] = INTER_TOKEN_TIMEOUT
     engine = {"engine_config": {"itl_ms": 15}}
     return cluster_config(
-        controller={"lease_ttl": ControllerConfig().lease_ttl},
+        # Kills in these scenarios are independent faults, not a crash loop: an instance that
+        # served 3 s since its last crash starts the restart ladder again.
+        controller={"lease_ttl": ControllerConfig().lease_ttl, "restart_reset_after": 3.0},
         coordinator=coordinator,
         union=engine,
         prefill=engine,
