@@ -133,16 +133,11 @@ POISON_KINDS = (
     "non-finite ts",
     "inapplicable instances.refreshed",
 )
-# Poison every folding component must skip and count (the others are harmless when handled).
-MUST_SKIP = frozenset(
-    {
-        "undecodable JSON",
-        "unknown type",
-        "future schema_version",
-        "non-finite ts",
-        "inapplicable instances.refreshed",
-    }
-)
+# Poison every folding component must skip and count. The others are harmless when handled:
+# a duplicate is never stored, a command for an unknown node is a no-op, and the refresh
+# without an `id` decodes — a fold may skip it as inapplicable (counted) or apply it without
+# the entry it cannot key; either way it must not stop a fold, a controller or `motor replay`.
+MUST_SKIP = frozenset({"undecodable JSON", "unknown type", "future schema_version", "non-finite ts"})
 
 
 def _envelope(etype: str, data: dict[str, Any], *, eid: str, ts: Any = None, version: int = 1) -> bytes:

@@ -52,13 +52,15 @@ def chaos_config() -> ClusterConfig:
     if "inter_token_timeout" in CoordinatorConfig.model_fields:  # configurable once it exists
         coordinator["inter_token_timeout"] = INTER_TOKEN_TIMEOUT
     engine = {"engine_config": {"itl_ms": 15}}
+    # A prefill leg lasts a few ms at the default speed: a kill would almost never meet one.
+    slow_prefill = {"engine_config": {"itl_ms": 15, "ttft_base_ms": 150}}
     return cluster_config(
         # Kills in these scenarios are independent faults, not a crash loop: an instance that
         # served 3 s since its last crash starts the restart ladder again.
         controller={"lease_ttl": ControllerConfig().lease_ttl, "restart_reset_after": 3.0},
         coordinator=coordinator,
         union=engine,
-        prefill=engine,
+        prefill=slow_prefill,
         decode=engine,
     )
 
