@@ -140,7 +140,8 @@ class Supervisor:
 
     def _notify(self, n: Notice) -> None:
         self.notices.append(n)
-        log.warning("%s", n.describe())
+        # INFO: `motor up` prints the notice itself (on_notice); a warning would say it twice.
+        log.info("%s", n.describe())
         if self.on_notice is not None:
             self.on_notice(n)
 

@@ -8,6 +8,7 @@ import contextlib
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 import aiohttp
@@ -40,7 +41,24 @@ def _pid_of(config: Path, name: str) -> int:
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         if name.encode() in argv:
             return pid
-    raise AssertionError(f"no {name} process among {_pids_with(key)}")
+    seen = {pid: Path(f"/proc/{pid}/cmdline").read_bytes()[-160:] for pid in _pids_with(key)}
+    raise AssertionError(f"no {name} process among {seen}")
+
+
+async def _new_pid_of(config: Path, name: str, old: int, within: float = 10.0) -> int:
+    """The pid of `name` once /proc shows a process other than `old` under it.
+
+    A process just spawned can still show its parent's command line for a moment.
+    """
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            pid = _pid_of(config, name)
+        except AssertionError:
+            pid = old
+        if pid != old or time.monotonic() > deadline:
+            return pid
+        await asyncio.sleep(0.1)
 
 
 class Lines:
@@ -128,7 +146,7 @@ async def test_motor_up_restarts_a_killed_coordinator_replica_and_stops_on_ctrl_
         first = Backoff().initial
         line = await out.wait("restarted coordinator-1", 30)
         assert f"restarted coordinator-1 (exit -9) after {first:g} s, 1 restart" in line
-        assert _pid_of(marker, "coordinator-1") != victim, out.seen
+        assert await _new_pid_of(marker, "coordinator-1", victim) != victim
         assert await ask(base)
         assert not [line for line in out.seen if "coordinator-2 exited" in line], out.seen
         proc.send_signal(signal.SIGINT)
