@@ -43,7 +43,12 @@ async def exited(pid: int, within: float) -> bool:
         return True
     loop = asyncio.get_running_loop()
     gone = loop.create_future()
-    loop.add_reader(fd, lambda: gone.done() or gone.set_result(None))
+
+    def readable() -> None:
+        if not gone.done():
+            gone.set_result(None)
+
+    loop.add_reader(fd, readable)
     try:
         async with asyncio.timeout(within):
             await gone
@@ -163,7 +168,11 @@ def poison_messages(kind: str, node_id: str, tag: str) -> list[tuple[str, bytes,
     hdr = {MSG_ID: eid}
     if kind == "inapplicable instances.refreshed":
         # Decodes (the schema allows any dict), but the instance has no `id`.
-        data = {"event": "add", "ids": [7001], "instances": [{"model_name": "motor-sim", "ip": "127.0.0.1"}]}
+        data: dict[str, object] = {
+            "event": "add",
+            "ids": [7001],
+            "instances": [{"model_name": "motor-sim", "ip": "127.0.0.1"}],
+        }
         body = _envelope("instances.refreshed", data, eid=eid)
         return [(subjects.REFRESH, body, {**hdr, MOTOR_TYPE: "instances.refreshed"})]
     if kind == "undecodable JSON":

@@ -24,13 +24,15 @@ from typing import Any
 
 import openai
 import orjson
+from nats.aio.client import Client
 
 from core.config import BreakerConfig, ClusterConfig, ControllerConfig, CoordinatorConfig
 from core.state import ClusterState
 from deploy.cluster import NATS, LocalCluster
 from deploy.watch import snapshot_state
+from streams.connection import connect
 from streams.definitions import MOTOR_STREAM
-from streams.reader import read_deliveries
+from streams.reader import Range, read_deliveries
 from tests.chaos.fleet import converged, engines, not_active, probe, scrape, served
 from tests.chaos.invariants import Entry, Proc
 from tests.chaos.load import SPECS, LoadGen, Outcome, reference_texts, run_one
@@ -38,6 +40,7 @@ from tests.localcluster import Harness, cluster_config, running_cluster
 
 log = logging.getLogger(__name__)
 
+MOTOR = [sys.executable, "-m", "deploy.cli"]
 FIRST_TOKEN_TIMEOUT = 5.0
 INTER_TOKEN_TIMEOUT = 5.0
 
@@ -76,6 +79,7 @@ class ChaosCluster:
         self.cfg = chaos_config()
         self._stack: AsyncExitStack | None = None
         self._h: Harness | None = None
+        self._admin: Client | None = None
         self.generation = 0
         self.fold_error = ""  # why the last fold of the log failed
 
@@ -83,6 +87,13 @@ class ChaosCluster:
     def h(self) -> Harness:
         assert self._h is not None, "cluster not started"
         return self._h
+
+    @property
+    def admin(self) -> Client:
+        """A connection as motor up's admin user: it may publish anything and change streams
+        (the harness's own `h.nc` reads, as the inspect user)."""
+        assert self._admin is not None, "cluster not started"
+        return self._admin
 
     @property
     def cluster(self) -> LocalCluster:
@@ -107,6 +118,8 @@ class ChaosCluster:
                 supervise=True,
             )
         )
+        self._admin = await connect(self._h.cluster.client_options("admin"), name="chaos-admin")
+        stack.push_async_callback(self._admin.close)
         self._stack = stack
         await self.wait_serving(90)
         if not ChaosCluster.refs:
@@ -114,7 +127,7 @@ class ChaosCluster:
 
     async def stop(self) -> None:
         if self._stack is not None:
-            stack, self._stack = self._stack, None
+            stack, self._stack, self._admin = self._stack, None, None
             await stack.aclose()
 
     async def ensure_healthy(self, within: float = 30.0) -> None:
@@ -163,7 +176,7 @@ class ChaosCluster:
         """MOTOR's messages as stored (types this branch cannot decode included)."""
         out = []
         async with asyncio.timeout(30):
-            async for d in read_deliveries(self.h.nc, MOTOR_STREAM, start_seq=since_seq or None):
+            async for d in read_deliveries(self.h.nc, MOTOR_STREAM, Range(start_seq=since_seq or None)):
                 out.append(_entry(d.seq, d.subject, d.data))
         return out
 
@@ -175,7 +188,8 @@ class ChaosCluster:
         """The `motor` CLI against this cluster, as an operator runs it."""
         return await asyncio.to_thread(
             subprocess.run,
-            [sys.executable, "-m", "deploy.cli", *args, "--nats-url", self.cluster.url],
+            # --root: the CLI logs in as motor up's inspect user, from the cluster's own files
+            [*MOTOR, *args, "--nats-url", self.cluster.url, "--root", str(self.cluster.root)],
             capture_output=True,
             text=True,
             timeout=120,

@@ -91,9 +91,12 @@ class Scenario:
         reconnect_until: float | None = None,
         stuck_after: float | None = None,
         stuck_limit: float = 0.0,
-        took: float | str | None = "measure",
+        took: tuple[float | None, str] | None = None,
     ) -> list[inv.Entry]:
-        """Invariants 8, 1, 3 and 6 (every scenario); returns the log since the scenario began."""
+        """Invariants 8, 1, 3 and 6 (every scenario); returns the log since the scenario began.
+
+        `took` is what `converge` measured when the scenario did so itself (else it is done here).
+        """
         seconds, why = took if took is not None else await self.converge(fault_ended)
         self.check(inv.reconverged(seconds, CONVERGE_WITHIN, "every instance ACTIVE and routed to", why))
         if self.load is not None:

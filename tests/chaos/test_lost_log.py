@@ -31,7 +31,7 @@ async def test_log_tail_lost(chaos: ChaosCluster, how: str) -> None:
         return converged(s) and {e.port for e in engines(s)} >= set(pids)
 
     async with sc.traffic():
-        nc = chaos.h.nc
+        nc = chaos.admin
         if how == "purge":
             t = sc.fault(await purge_motor(nc))
         else:

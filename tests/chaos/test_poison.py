@@ -82,8 +82,8 @@ async def test_poison_event(single: ChaosCluster, kind: str) -> None:
     before = await skipped(single)
     async with sc.traffic(clients=3):
         sc.fault(time.time())
-        stored = await publish_poison(single.h.nc, kind, node, tag)
-        sentinel = await publish_sentinel(single.h.nc, node, tag)
+        stored = await publish_poison(single.admin, kind, node, tag)
+        sentinel = await publish_sentinel(single.admin, node, tag)
         folded = await folded_past(single, sentinel)
         t = time.time()
         took = await sc.converge(t, floor=1.0)
