@@ -143,6 +143,11 @@ class CoordinatorMetrics:
             "Streams continued on another path after their engine died or stalled mid-stream",
             registry=r,
         )
+        self.readmitted = Counter(
+            "motor_coordinator_readmitted",
+            "Endpoints a request had excluded after a failure and tried again once they were READY as a new process",
+            registry=r,
+        )
         self.upstream_errors = Counter(
             "motor_coordinator_upstream_errors", "Failed upstream attempts", ["endpoint", "kind"], registry=r
         )

@@ -11,9 +11,10 @@ pass the bytes through untouched.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from coordinator.table import Endpoint
+from coordinator.table import Endpoint, Incarnation
 from core.http_errors import (
     anthropic_error,
     anthropic_from,
@@ -79,6 +80,7 @@ class Call:
         "committed",
         "conn",
         "exclude",
+        "excluded_as",
         "model",
         "origin",
         "path",
@@ -124,7 +126,8 @@ class Call:
         self.client_id = client_id
         # What the response's x-request-id says: the client's own id when it sent one.
         self.root_b = (client_id or root).encode()
-        self.exclude: set[str] = set()
+        self.exclude: set[str] = set()  # endpoints that failed this request (policies skip them)
+        self.excluded_as: dict[str, Incarnation | None] = {}  # ... as which process they failed
         self.committed = False
         self.status = 0
         self.t0 = time.perf_counter()
@@ -142,6 +145,26 @@ class Call:
     def tag(self) -> str:
         """How log lines name this request: our id, and the client's when it sent one."""
         return self.root if self.client_id is None else f"{self.root} (x-request-id {self.client_id})"
+
+    def readmit(self, current: Callable[[str], Incarnation | None]) -> list[str]:
+        """Endpoints this request excluded that `current` now says are another process than the
+        one that failed it: candidates again (the failure was the old process's, as its
+        circuit was). Returns them. An exclusion is tied to the process `current` names the
+        first time it is seen here: the flows ask before every choice, with no wait between a
+        failure and the next choice, so that is the process that failed."""
+        if not self.exclude:
+            return []
+        seen = self.excluded_as
+        back = []
+        for key in list(self.exclude):
+            now = current(key)
+            if key not in seen:
+                seen[key] = now
+            elif seen[key] != now:
+                back.append(key)
+                del seen[key]
+                self.exclude.discard(key)
+        return back
 
     def request_id(self, attempt: int) -> str:
         """The engine request id of one attempt: `{root}#a{attempt}`."""

@@ -62,6 +62,7 @@ class Flows:
         info = RequestInfo(call.model, None, call.root, call.body)
         last: Retry | None = None
         for _ in range(self.retries + 1):
+            self.readmit(call)
             route = self.router.choose(call.model, info, call.exclude, plan)
             if route is None:
                 break
@@ -136,6 +137,19 @@ class Flows:
             elif not row["routable"]:
                 why.append(f"{key} {row['reason']}")
         return f"no healthy path left{model}" + (f" ({'; '.join(why)})" if why else "")
+
+    def readmit(self, call: Call) -> None:
+        """An endpoint that failed this request earlier is READY again as a new process: the
+        request may go there (a request that outlived an engine's restart, its other paths
+        failing meanwhile, got 502 while the restarted engine idled)."""
+        for key in call.readmit(self.table.incarnation):
+            log.info(
+                "request %s: %s is a new process since it failed this request: a candidate again",
+                call.tag,
+                key,
+            )
+            if self.metrics is not None:
+                self.metrics.readmitted.inc()
 
     def retried(self, r: Retry) -> None:
         """Count and log an attempt that failed before the first byte (another one follows)."""

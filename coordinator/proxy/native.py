@@ -181,6 +181,7 @@ class NativeRoutes:
         info = RequestInfo(call.model, b"", call.root)
         last: Retry | None = None
         for attempt in range(1, flows.retries + 2):
+            flows.readmit(call)
             cands = [e for e in self.app.table.candidates(role, call.model) if route.serves(e)]
             ep = policy.select(cands, info, call.exclude)
             if ep is None:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
 import statistics
 import tempfile
@@ -35,8 +36,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from core.events import Role
 from tests.chaos.faults import kill_child, nats_down
-from tests.chaos.fleet import ROLES, converged, pid_on, served
+from tests.chaos.fleet import ROLES, converged, engines, pid_on, served
 from tests.chaos.harness import ChaosCluster
 from tests.chaos.load import LoadGen, Outcome
 from tests.chaos.scenario import hit_engine
@@ -52,10 +54,32 @@ async def _served_again(port: int, old_pid: int, within: float) -> bool:
     return False
 
 
+async def _served_long_enough(cc: ChaosCluster, role: Role) -> None:
+    """Wait until the `role` instance has been ACTIVE for the restart ladder's reset time.
+
+    Each kill is meant as an independent fault. One that meets an instance still inside
+    `restart_reset_after` counts as a crash in a row, and the `restart_limit`-th fails the
+    instance over, which this cluster (no spare node) cannot heal: the controller is right, the
+    bench would be measuring a crash loop.
+    """
+    hold = cc.cfg.controller.restart_reset_after + 0.5  # margin: the log's clock and ours
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        state = await cc.fold()
+        ids = {e.instance_id for e in engines(state) if e.role == role} if state is not None else set()
+        if state is not None and ids:
+            since = max(state.instances[i].active_ts for i in ids)
+            if time.time() - since >= hold:
+                return
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"no {role.value} instance stayed ACTIVE {hold:g} s within 60 s")
+
+
 async def engine_kills(cc: ChaosCluster, n: int) -> list[float]:
     """Kill `n` engines in turn (mixed roles); the kill times."""
     kills = []
     for i, role in zip(range(n), itertools.cycle(ROLES), strict=False):
+        await _served_long_enough(cc, role)
         hit = await hit_engine(cc, role, wait_streams=3.0)
         kills.append(hit.at)
         await cc.wait_until("every instance ACTIVE", converged, 60)
@@ -128,7 +152,8 @@ def p99(values: list[float]) -> float:
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory(prefix="motor-bench-chaos-") as d:
+    with contextlib.ExitStack() as keep:
+        d = args.root or keep.enter_context(tempfile.TemporaryDirectory(prefix="motor-bench-chaos-"))
         cc = ChaosCluster(Path(d), coordinators=2)
         await cc.start()
         try:
@@ -178,6 +203,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--leader-kills", type=int, default=5, help="leading controllers killed -9")
     p.add_argument("--outage", type=float, default=15.0, help="seconds NATS stays down")
     p.add_argument("--clients", type=int, default=6, help="concurrent clients")
+    p.add_argument("--root", help="keep the cluster's files and logs here (default: a temporary dir)")
     p.add_argument("--warmup", type=float, default=5.0, help="seconds of undisturbed traffic first")
     args = p.parse_args(argv)
     r = asyncio.run(run(args))
