@@ -174,8 +174,19 @@ class UpstreamConn(asyncio.Protocol):
         if first_byte_timeout is not None:
             self.watched = True
             self.pool.watch(self, first_byte_timeout)
-        assert self.transport is not None
-        self.transport.write(data)
+        tr = self.transport
+        assert tr is not None
+        if not (self.closed or tr.is_closing()):
+            try:
+                tr.write(data)
+                return self.waiter
+            except RuntimeError:  # uvloop raises on a handle closed meanwhile (asyncio drops the bytes)
+                pass
+        # on_closed_before_send: the engine died between the connect (or the pool) and this
+        # write. The request never went out: a plain transport failure the flows retry
+        # elsewhere, not a handler crash (it answered the client 500 in `just bench chaos`).
+        self.closed = True
+        self._fail("engine closed the connection before the request went out")
         return self.waiter
 
     def commit(self, client: asyncio.WriteTransport, head: bytes) -> asyncio.Future[None] | None:
