@@ -119,7 +119,16 @@ class Flows:
             return
         if last is None:
             call.send_error(status, what or self._no_path(call))
-        elif last.body is not None:
+            return
+        # A request that reached engines and still failed: say why no path was left.
+        log.warning(
+            "request %s failed after %d attempt(s), last: %s; %s",
+            call.tag,
+            call.attempts,
+            last.reason,
+            self._no_path(call),
+        )
+        if last.body is not None:
             call.relay_error(last.status, last.body)
         else:
             call.send_error(last.status, f"every attempt failed; last: {last.reason}")
