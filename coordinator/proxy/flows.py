@@ -90,6 +90,9 @@ class Flows:
                     call.exclude.add(r.ep.key)
                 last = r
                 self.retried(r)
+                # The next attempt weighs the paths there are now: the plan was made when the
+                # request came, and a path that came back since (a restarted union) was not in it.
+                plan = None
         self.fail(call, last)
 
     async def serve_on(self, call: Call, ep: Endpoint, body: bytes, rid: str) -> None:
