@@ -4,11 +4,13 @@ Through `streams.livefold.LiveFold`, so an outage, a stream away for a while, a 
 or a lost log are handled where every other fold handles them. The coordinator keeps
 serving from memory across a lost log: its table is not emptied, the new log is folded on
 top of it (nodes register again and instances are re-adopted under their ids, so the
-result converges on what the controller rebuilds).
+result converges on what the controller rebuilds), and what was routable stays so while
+the new log re-adopts it (`coordinator.losshold`, for at most HOLD_FOR seconds).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from nats.aio.client import Client
@@ -21,6 +23,8 @@ from streams.poison import Skipped
 from streams.reader import Record
 
 log = logging.getLogger(__name__)
+
+HOLD_FOR = 60.0  # the longest a lost log's re-adoption may take before the new log alone decides
 
 
 def follow_log(ctx: CoordinatorContext, nc: Client, *, name: str = "coordinator") -> LiveFold:
@@ -35,10 +39,21 @@ def follow_log(ctx: CoordinatorContext, nc: Client, *, name: str = "coordinator"
     def skipped(s: Skipped) -> None:
         ctx.metrics.events_skipped.labels(s.reason).inc()
 
+    release: asyncio.TimerHandle | None = None
+
     def lost(loss: Loss) -> None:
+        nonlocal release
         ctx.metrics.log_lost.inc()
+        held = ctx.table.hold_across_loss()
+        if release is not None:
+            release.cancel()
+        release = asyncio.get_running_loop().call_later(HOLD_FOR, ctx.table.release_hold)
         log.warning(
-            "the log was lost (%s): serving from the table as it is, folding the new log on top", loss
+            "the log was lost (%s): serving from the table as it is, folding the new log on top; "
+            "%d routable endpoint(s) held while the new log re-adopts them (at most %g s)",
+            loss,
+            held,
+            HOLD_FOR,
         )
         if loss.kind != "purged":
             ctx.table.last_seq = 0  # sequences start over: report the new log's position

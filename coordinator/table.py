@@ -25,6 +25,7 @@ from typing import Any
 
 from coordinator.endpoint import Endpoint, Plan, Route
 from coordinator.external import external_endpoints
+from coordinator.losshold import LossHold
 from coordinator.plan import make_plan
 from core.events import (
     AnyEvent,
@@ -97,6 +98,7 @@ class RoutingTable:
         self._signature: tuple[Any, ...] = ()
         self.last_seq = 0  # MOTOR stream sequence of the last event applied
         self._incarnations: dict[str, Incarnation] = {}
+        self._hold = LossHold()  # what stays routable across a lost log (coordinator.losshold)
         # Called with (key, incarnation) when an endpoint reports READY as another process.
         self.on_incarnation: Callable[[str, Incarnation], None] | None = None
 
@@ -149,6 +151,21 @@ class RoutingTable:
         if known is not None and self.on_incarnation is not None:
             log.info("endpoint %s is a new process (%s, seq %d)", key, inc.describe(), seq)
             self.on_incarnation(key, inc)
+
+    def hold_across_loss(self) -> int:
+        """The log was lost: what is routable now stays so while the new log re-adopts it (how
+        many endpoints that is)."""
+        if self._dirty:
+            self._rebuild()
+        self._hold = LossHold({k: self._incarnations.get(k) for k, d in self._all.items() if d.routable})
+        self._dirty = True
+        return len(self._hold.held)
+
+    def release_hold(self) -> None:
+        """From now on the new log alone decides (the re-adoption had its time)."""
+        if self._hold.held:
+            self._hold = LossHold()
+            self._dirty = True
 
     def incarnation(self, key: str) -> Incarnation | None:
         """The engine process behind the endpoint's last READY, if it ever was READY."""
@@ -317,6 +334,7 @@ class RoutingTable:
     def _derive(self) -> dict[str, _Derived]:
         s = self._state
         alarmed = self._alarmed()
+        hold = self._hold
         out: dict[str, _Derived] = {}
         for inst in s.instances.values():
             spec = inst.spec
@@ -359,6 +377,21 @@ class RoutingTable:
                         why = f"precision alarm on instance {spec.instance_id}"
                     else:
                         why = ""
+                    if (
+                        why
+                        and hold.held
+                        and not alarm
+                        and node is not None
+                        and hold.bridges(
+                            key,
+                            self._incarnations.get(key),
+                            inst.state,
+                            status,
+                            node.instance_id,
+                            spec.instance_id,
+                        )
+                    ):
+                        why = ""  # held across a lost log while the new log re-adopts it
                     out[key] = _Derived(ep, not why, why)
         for ext_id, raw in s.external.items():
             try:
