@@ -1,4 +1,4 @@
-"""Endpoint and Plan: what the routing table hands the hot path."""
+"""Endpoint, Incarnation and Plan: what the routing table hands the hot path."""
 
 from __future__ import annotations
 
@@ -57,6 +57,18 @@ class Endpoint:
             "avail_blocks": self.avail_blocks,
             "inflight": self.inflight,
         }
+
+
+@dataclass(frozen=True, slots=True)
+class Incarnation:
+    """One engine process behind an endpoint: its pid (when the agent says) and its READY's sequence."""
+
+    pid: int | None
+    ready_seq: int
+
+    def describe(self) -> str:
+        """How an operator recognises it: the pid, else the READY event's sequence."""
+        return f"pid {self.pid}" if self.pid is not None else f"READY at seq {self.ready_seq}"
 
 
 @dataclass(frozen=True, slots=True)

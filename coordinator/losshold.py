@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from core.events import EndpointStatus, InstanceState
 
 if TYPE_CHECKING:
-    from coordinator.table import Incarnation
+    from coordinator.endpoint import Incarnation
 
 
 @dataclass

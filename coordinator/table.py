@@ -20,11 +20,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any
 
-from coordinator.endpoint import Endpoint, Plan, Route
-from coordinator.external import external_endpoints
+from coordinator.derive import Derived, copy_attrs, derive
+from coordinator.endpoint import Endpoint, Incarnation, Plan, Route
 from coordinator.losshold import LossHold
 from coordinator.plan import make_plan
 from core.events import (
@@ -35,7 +34,6 @@ from core.events import (
     EndpointStatusChanged,
     EventBase,
     Heartbeat,
-    InstanceState,
     Role,
     StreamsDisrupted,
 )
@@ -47,31 +45,6 @@ __all__ = ["Endpoint", "Incarnation", "Plan", "Route", "RoutingTable"]
 log = logging.getLogger(__name__)
 
 _ROUTING_FACTS = frozenset({CircuitChanged, StreamsDisrupted})
-
-# Instance states whose READY endpoints take traffic. DEGRADED means "serving, part of it
-# unhealthy": its READY endpoints still serve; the unhealthy ones are not READY.
-ROUTABLE_STATES = frozenset({InstanceState.ACTIVE, InstanceState.DEGRADED})
-
-
-@dataclass(slots=True)
-class _Derived:
-    """One endpoint as derived from the state, before routability filtering."""
-
-    ep: Endpoint
-    routable: bool
-    why: str  # why not routable, for GET /v1/instances
-
-
-@dataclass(frozen=True, slots=True)
-class Incarnation:
-    """One engine process behind an endpoint: its pid (when the agent says) and its READY's sequence."""
-
-    pid: int | None
-    ready_seq: int
-
-    def describe(self) -> str:
-        """How an operator recognises it: the pid, else the READY event's sequence."""
-        return f"pid {self.pid}" if self.pid is not None else f"READY at seq {self.ready_seq}"
 
 
 def _never_open(key: str) -> bool:
@@ -89,7 +62,7 @@ class RoutingTable:
         self._loads: dict[tuple[str, int], EndpointLoad] = {}
         self._version = 0
         self._dirty = True
-        self._all: dict[str, _Derived] = {}
+        self._all: dict[str, Derived] = {}
         self._routable: tuple[Endpoint, ...] = ()
         self._by_node_ep: dict[tuple[str, int], Endpoint] = {}
         self._known_models: frozenset[str] = frozenset()
@@ -295,13 +268,13 @@ class RoutingTable:
         nodes = self._state.nodes
         if any(n not in nodes for n, _ in self._loads):
             self._loads = {k: v for k, v in self._loads.items() if k[0] in nodes}
-        derived = self._derive()
+        derived = derive(self._state, self._loads, self._incarnations, self._hold)
         old = self._all
         for key, d in derived.items():
             prev = old.get(key)
             if prev is not None:
                 # Keep the live object (the proxy holds it and counts in-flight on it).
-                _copy_attrs(prev.ep, d.ep)
+                copy_attrs(prev.ep, d.ep)
                 d.ep = prev.ep
         self._all = derived
         self._routable = tuple(d.ep for k, d in sorted(derived.items()) if d.routable)
@@ -322,105 +295,3 @@ class RoutingTable:
         self._cand_cache = {}
         self._plan_cache = {}
         self._dirty = False
-
-    def _alarmed(self) -> frozenset[int]:
-        ids: set[int] = set()
-        for alarm in self._state.alarms.values():
-            ids.add(alarm.data.d_instance_id)
-            if alarm.data.p_instance_id is not None:
-                ids.add(alarm.data.p_instance_id)
-        return frozenset(ids)
-
-    def _derive(self) -> dict[str, _Derived]:
-        s = self._state
-        alarmed = self._alarmed()
-        hold = self._hold
-        out: dict[str, _Derived] = {}
-        for inst in s.instances.values():
-            spec = inst.spec
-            inst_ok = inst.state in ROUTABLE_STATES
-            alarm = spec.instance_id in alarmed
-            for member in spec.members:
-                node = s.nodes.get(member.node_id)
-                caps = spec.capabilities or (node.reg.capabilities if node is not None else ())
-                for es in member.endpoints:
-                    if es.headless:
-                        continue  # a DP rank without an HTTP server of its own
-                    key = f"{member.node_id}/{es.id}"
-                    load = self._loads.get((member.node_id, es.id))
-                    ep = Endpoint(
-                        key=key,
-                        instance_id=spec.instance_id,
-                        role=spec.role,
-                        engine_type=spec.engine_type,
-                        model=spec.model,
-                        host=es.ip,
-                        port=es.business_port,
-                        bootstrap_port=es.bootstrap_port,
-                        capabilities=frozenset(caps),
-                        group=None if spec.role == Role.PREFILL else spec.instance_id,
-                        running=load.running if load else 0,
-                        waiting=load.waiting if load else 0,
-                        avail_slots=load.avail_slots if load else 0,
-                        avail_blocks=load.avail_blocks if load else 0,
-                    )
-                    status = node.endpoint_status.get(es.id) if node is not None else None
-                    if not inst_ok:
-                        why = f"instance {spec.instance_id} is {inst.state.value}"
-                    elif node is None:
-                        why = f"node {member.node_id} is not registered"
-                    elif node.instance_id != spec.instance_id:
-                        why = f"node {member.node_id} left instance {spec.instance_id}"
-                    elif status != EndpointStatus.READY:
-                        why = f"endpoint {key} is {status.value if status else 'not started'}"
-                    elif alarm:
-                        why = f"precision alarm on instance {spec.instance_id}"
-                    else:
-                        why = ""
-                    if (
-                        why
-                        and hold.held
-                        and not alarm
-                        and node is not None
-                        and hold.bridges(
-                            key,
-                            self._incarnations.get(key),
-                            inst.state,
-                            status,
-                            node.instance_id,
-                            spec.instance_id,
-                        )
-                    ):
-                        why = ""  # held across a lost log while the new log re-adopts it
-                    out[key] = _Derived(ep, not why, why)
-        for ext_id, raw in s.external.items():
-            try:
-                eps = external_endpoints(ext_id, raw)
-            except (TypeError, ValueError, AttributeError, KeyError) as exc:
-                # Validated on the way in, but the log may hold entries written by other
-                # tools: one bad entry must not take routing down with it.
-                log.warning("external instance %s in the log is unusable: %s", ext_id, exc)
-                continue
-            why = f"precision alarm on instance {ext_id}" if ext_id in alarmed else ""
-            for ep in eps:
-                out[ep.key] = _Derived(ep, not why, why)
-        return out
-
-
-def _copy_attrs(dst: Endpoint, src: Endpoint) -> None:
-    for name in (
-        "instance_id",
-        "role",
-        "engine_type",
-        "model",
-        "host",
-        "port",
-        "bootstrap_port",
-        "capabilities",
-        "group",
-        "running",
-        "waiting",
-        "avail_slots",
-        "avail_blocks",
-    ):
-        setattr(dst, name, getattr(src, name))

@@ -18,7 +18,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -29,6 +29,7 @@ from core.config import ClusterConfig
 from core.events import Role
 from core.ids import new_id
 from deploy.supervise import Backoff, Notice, Supervisor, Watch, wait_popen
+from deploy.sweep import session_pids, stop_strays, wait_for_exit
 from streams.connection import NatsOptions
 from streams.server import EmbeddedNats
 
@@ -355,7 +356,7 @@ class LocalCluster:
             assert c.proc is not None
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(c.proc.pid, signal.SIGTERM)
-        await asyncio.gather(*(_wait(p, grace) for p in procs))
+        await asyncio.gather(*(wait_for_exit(p, grace) for p in procs))
         for p in procs:
             if p.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
@@ -365,59 +366,12 @@ class LocalCluster:
         # Again until none is left: an engine a node agent was starting as it stopped shows
         # up only after the first sweep.
         for _ in range(3):
-            strays = list(self._session_pids())
+            strays = list(session_pids(self.session))
             if not strays:
                 break
             stray_count += len(strays)
-            await _stop_strays(strays)
+            await stop_strays(strays)
         if self._nats is not None:
             await self._nats.stop()
             self._nats = None
         return len(procs) + stray_count
-
-    def _session_pids(self) -> Iterator[int]:
-        marker = f"MOTOR_UP_SESSION={self.session}".encode()
-        me = os.getpid()
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit() or int(entry.name) == me:
-                continue
-            try:
-                environ = (entry / "environ").read_bytes()
-            except OSError:
-                continue
-            if marker in environ.split(b"\0"):
-                yield int(entry.name)
-
-
-async def _wait(proc: subprocess.Popen[bytes], grace: float) -> None:
-    with contextlib.suppress(TimeoutError):
-        async with asyncio.timeout(grace):
-            await wait_popen(proc)
-
-
-async def _stop_strays(pids: list[int]) -> None:
-    """SIGTERM processes that are not our children, SIGKILL what is left after 5 s."""
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + 5
-    # Not our children: nothing to await but their disappearance from /proc.
-    while time.monotonic() < deadline and any(_alive(p) for p in pids):  # noqa: ASYNC110
-        await asyncio.sleep(0.1)
-    for pid in pids:
-        if _alive(pid):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie child of ours counts as gone.
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[-1].split()[0] != "Z"

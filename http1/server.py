@@ -25,75 +25,12 @@ from typing import Any, Protocol
 
 from core.config import HttpLimitsConfig
 from http1 import wire
-from http1.auth import normalize_path
 from http1.conn import LimitedProtocol, Watchdog
+from http1.request import Request, normal_path
 
 log = logging.getLogger(__name__)
 
 MAX_PIPELINED = 32  # pause reading past this many requests queued on one connection
-
-
-class Request:
-    """One parsed request; header names are lower-case bytes.
-
-    `raw_path` is the request target's path as sent. `path` is the same percent-decoded and
-    normalised (`http1.auth`) on a server that checks keys by path (the coordinator: every
-    check and every route sees it); on one that matches paths as sent (an engine) it is
-    `raw_path`.
-    """
-
-    __slots__ = (
-        "body",
-        "headers",
-        "keep_alive",
-        "method",
-        "path",
-        "query",
-        "raw_path",
-        "rid",
-        "too_large",
-        "url",
-    )
-
-    def __init__(
-        self,
-        method: bytes,
-        url: bytes,
-        headers: dict[bytes, bytes],
-        body: bytes,
-        keep_alive: bool,
-        too_large: bool,
-        normalize: bool = True,
-    ) -> None:
-        self.method = method
-        self.url = url
-        q = url.find(b"?")
-        self.raw_path = url if q < 0 else url[:q]
-        self.path = _normal(self.raw_path) if normalize else self.raw_path
-        self.query = b"" if q < 0 else url[q + 1 :]
-        self.headers = headers
-        self.body = body
-        self.keep_alive = keep_alive
-        self.too_large = too_large
-        self.rid: str | None = None  # the request id the handler gave it, for log lines
-
-    def header(self, name: bytes) -> str | None:
-        """A header value by lower-case name."""
-        value = self.headers.get(name)
-        return value.decode("latin-1") if value is not None else None
-
-    def query_params(self) -> dict[str, str]:
-        """The query string as a dict (last value wins)."""
-        from urllib.parse import parse_qsl
-
-        return dict(parse_qsl(self.query.decode("latin-1"), keep_blank_values=True))
-
-
-def _normal(raw: bytes) -> bytes:
-    # The hot paths are already normal: skip the work for them.
-    if b"%" not in raw and b"//" not in raw and b"/." not in raw and raw.startswith(b"/"):
-        return raw if len(raw) == 1 or not raw.endswith(b"/") else raw.rstrip(b"/") or b"/"
-    return normalize_path(raw.decode("latin-1")).encode("latin-1", "replace")
 
 
 Handler = Callable[["ClientConn", Request], Awaitable[None] | None]
@@ -179,7 +116,7 @@ class ClientConn(LimitedProtocol):
 
     def error_response(self, status: int, message: str, code: str) -> bytes:
         raw = self.head.url.partition(b"?")[0]  # refused mid-head: the path read so far, if any
-        path = _normal(raw) if raw and self.normalize_paths else raw
+        path = normal_path(raw) if raw and self.normalize_paths else raw
         return wire.simple_response(status, self.error_body(path, status, message, code), keep_alive=False)
 
     def busy(self) -> bool:

@@ -20,7 +20,8 @@ from typing import Any
 import orjson
 
 from http1.metrics import HttpCollector
-from http1.server import Request, Server
+from http1.request import Request
+from http1.server import Server
 from simengine.bootstrap import BootstrapClient, RoomRegistry
 from simengine.engine import Engine
 from simengine.generation import Generator, close_all

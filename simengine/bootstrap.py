@@ -19,7 +19,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from http1.server import Request
+from http1.request import Request
 from simengine.engine import Engine, Job
 from simengine.openai_api import ApiError, Bootstrap, parse_json
 from simengine.router import Response, Router, json_response

@@ -27,7 +27,7 @@ from typing import Any
 
 import orjson
 
-from http1.server import Request
+from http1.request import Request
 from simengine.generation import Generator
 from simengine.openai_api import ApiError, check_model, parse_completion, parse_json
 from simengine.router import HandlerResult, Response, json_response

@@ -21,7 +21,8 @@ import orjson
 from core.config import HttpLimitsConfig
 from core.http_errors import engine_error
 from http1.metrics import HttpCollector
-from http1.server import ClientConn, Request, Server
+from http1.request import Request
+from http1.server import ClientConn, Server
 
 MAX_BODY = 64 * 1024 * 1024
 

@@ -33,7 +33,8 @@ from coordinator.proxy.call import RESERVED, Call, client_request_id
 from coordinator.proxy.flows import Flows
 from coordinator.proxy.native import NativeRoutes, handles
 from http1.auth import AUTHENTICATE, PROBES, Access, Guard
-from http1.server import ClientConn, Request
+from http1.request import Request
+from http1.server import ClientConn
 
 CHAT = b"/v1/chat/completions"
 COMPLETIONS = b"/v1/completions"

@@ -13,7 +13,8 @@ from typing import Any
 from starlette.types import ASGIApp, Message
 
 from http1 import wire
-from http1.server import ClientConn, Request
+from http1.request import Request
+from http1.server import ClientConn
 
 __all__ = ["ASGIApp", "Lifespan", "serve_asgi"]
 

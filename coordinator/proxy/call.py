@@ -22,7 +22,8 @@ from core.http_errors import (
     openai_error,
     openai_sse_error,
 )
-from http1.server import ClientConn, Request
+from http1.request import Request
+from http1.server import ClientConn
 
 if TYPE_CHECKING:
     from coordinator.proxy.client_sinks import Sink

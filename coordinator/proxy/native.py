@@ -22,7 +22,8 @@ from coordinator.endpoint import Endpoint, Plan
 from coordinator.policies import RequestInfo
 from coordinator.proxy.call import RESERVED, Call, Retry, client_request_id
 from core.events import Role
-from http1.server import ClientConn, Request
+from http1.request import Request
+from http1.server import ClientConn
 
 if TYPE_CHECKING:
     from coordinator.proxy.app import ProxyApp

@@ -12,7 +12,8 @@ from collections.abc import AsyncIterator, Awaitable
 import orjson
 import pytest
 
-from http1.server import ClientConn, Request, Server
+from http1.request import Request
+from http1.server import ClientConn, Server
 from simengine.router import Router, json_response, start_server
 from tests.integration.rawhttp import read_replies, request
 

@@ -12,7 +12,8 @@ from collections.abc import AsyncIterator
 import pytest
 
 from coordinator.proxy.server import ProxyServer
-from http1.server import ClientConn, Request
+from http1.request import Request
+from http1.server import ClientConn
 from simengine.router import Response, Router, json_response, start_server
 from tests.integration.rawhttp import closed_within, read_replies, request
 

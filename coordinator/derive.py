@@ -1,0 +1,141 @@
+"""Deriving endpoints from the folded state: which may take traffic, and why not.
+
+Pure: the routing table calls `derive` when an event made its index dirty, and keeps the
+live `Endpoint` objects across derivations (`copy_attrs`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from coordinator.endpoint import Endpoint, Incarnation
+from coordinator.external import external_endpoints
+from coordinator.losshold import LossHold
+from core.events import EndpointLoad, EndpointStatus, InstanceState, Role
+from core.state import ClusterState
+
+log = logging.getLogger(__name__)
+
+# Instance states whose READY endpoints take traffic. DEGRADED means "serving, part of it
+# unhealthy": its READY endpoints still serve; the unhealthy ones are not READY.
+ROUTABLE_STATES = frozenset({InstanceState.ACTIVE, InstanceState.DEGRADED})
+
+
+@dataclass(slots=True)
+class Derived:
+    """One endpoint as derived from the state, before routability filtering."""
+
+    ep: Endpoint
+    routable: bool
+    why: str  # why not routable, for GET /v1/instances
+
+
+def _alarmed(state: ClusterState) -> frozenset[int]:
+    ids: set[int] = set()
+    for alarm in state.alarms.values():
+        ids.add(alarm.data.d_instance_id)
+        if alarm.data.p_instance_id is not None:
+            ids.add(alarm.data.p_instance_id)
+    return frozenset(ids)
+
+
+def derive(
+    s: ClusterState,
+    loads: Mapping[tuple[str, int], EndpointLoad],
+    incarnations: Mapping[str, Incarnation],
+    hold: LossHold,
+) -> dict[str, Derived]:
+    """Every endpoint the state names, with whether it is routable and why not."""
+    alarmed = _alarmed(s)
+    out: dict[str, Derived] = {}
+    for inst in s.instances.values():
+        spec = inst.spec
+        inst_ok = inst.state in ROUTABLE_STATES
+        alarm = spec.instance_id in alarmed
+        for member in spec.members:
+            node = s.nodes.get(member.node_id)
+            caps = spec.capabilities or (node.reg.capabilities if node is not None else ())
+            for es in member.endpoints:
+                if es.headless:
+                    continue  # a DP rank without an HTTP server of its own
+                key = f"{member.node_id}/{es.id}"
+                load = loads.get((member.node_id, es.id))
+                ep = Endpoint(
+                    key=key,
+                    instance_id=spec.instance_id,
+                    role=spec.role,
+                    engine_type=spec.engine_type,
+                    model=spec.model,
+                    host=es.ip,
+                    port=es.business_port,
+                    bootstrap_port=es.bootstrap_port,
+                    capabilities=frozenset(caps),
+                    group=None if spec.role == Role.PREFILL else spec.instance_id,
+                    running=load.running if load else 0,
+                    waiting=load.waiting if load else 0,
+                    avail_slots=load.avail_slots if load else 0,
+                    avail_blocks=load.avail_blocks if load else 0,
+                )
+                status = node.endpoint_status.get(es.id) if node is not None else None
+                if not inst_ok:
+                    why = f"instance {spec.instance_id} is {inst.state.value}"
+                elif node is None:
+                    why = f"node {member.node_id} is not registered"
+                elif node.instance_id != spec.instance_id:
+                    why = f"node {member.node_id} left instance {spec.instance_id}"
+                elif status != EndpointStatus.READY:
+                    why = f"endpoint {key} is {status.value if status else 'not started'}"
+                elif alarm:
+                    why = f"precision alarm on instance {spec.instance_id}"
+                else:
+                    why = ""
+                if (
+                    why
+                    and hold.held
+                    and not alarm
+                    and node is not None
+                    and hold.bridges(
+                        key,
+                        incarnations.get(key),
+                        inst.state,
+                        status,
+                        node.instance_id,
+                        spec.instance_id,
+                    )
+                ):
+                    why = ""  # held across a lost log while the new log re-adopts it
+                out[key] = Derived(ep, not why, why)
+    for ext_id, raw in s.external.items():
+        try:
+            eps = external_endpoints(ext_id, raw)
+        except (TypeError, ValueError, AttributeError, KeyError) as exc:
+            # Validated on the way in, but the log may hold entries written by other
+            # tools: one bad entry must not take routing down with it.
+            log.warning("external instance %s in the log is unusable: %s", ext_id, exc)
+            continue
+        why = f"precision alarm on instance {ext_id}" if ext_id in alarmed else ""
+        for ep in eps:
+            out[ep.key] = Derived(ep, not why, why)
+    return out
+
+
+def copy_attrs(dst: Endpoint, src: Endpoint) -> None:
+    """Carry a fresh derivation onto the live object the proxy holds (and counts in-flight on)."""
+    for name in (
+        "instance_id",
+        "role",
+        "engine_type",
+        "model",
+        "host",
+        "port",
+        "bootstrap_port",
+        "capabilities",
+        "group",
+        "running",
+        "waiting",
+        "avail_slots",
+        "avail_blocks",
+    ):
+        setattr(dst, name, getattr(src, name))
