@@ -91,15 +91,7 @@ class Hop:
             br.release_probe(ep.key)
             raise
         if up.status >= 500:
-            try:
-                data = await up.read_all()
-            except UpstreamError as exc:
-                self.upstream_failed(ep, exc)
-                raise Retry(f"{ep.key}: {exc}", ep=ep) from None
-            except BaseException:
-                up.close()
-                raise
-            up.release()
+            data = await self._body_of(up, ep)
             self.upstream_failed(ep, None)
             raise Retry(f"{ep.key} answered HTTP {up.status}", up.status, data, ep=ep)
         br.success(ep.key)
@@ -175,7 +167,8 @@ class Hop:
         call.served_by, call.resp_body = ep, up.body
         up.release()
 
-    async def _whole(self, call: Call, up: UpstreamConn, ep: Endpoint, shape: Shape) -> None:
+    async def _body_of(self, up: UpstreamConn, ep: Endpoint) -> bytes:
+        """The engine's whole body, its connection released; failing midway is a Retry (the client saw nothing)."""
         try:
             data = await up.read_all()
         except UpstreamError as exc:
@@ -185,6 +178,10 @@ class Hop:
             up.close()
             raise
         up.release()
+        return data
+
+    async def _whole(self, call: Call, up: UpstreamConn, ep: Endpoint, shape: Shape) -> None:
+        data = await self._body_of(up, ep)
         call.served_by, call.resp_body = ep, up.body
         call.send(up.status, shape(up.status, data))
 
