@@ -57,6 +57,8 @@ class Leadership:
         self.log: LiveFold | None = None  # set by the service once it follows the log
         self.leader = False
         self.took_over_at = 0.0  # wall clock: the heartbeat grace starts here too
+        # The highest term this controller has folded, kept across a lost log (`remember_terms`).
+        self.term_floor = 0
 
     def may_write(self) -> bool:
         """Leading, and the lease cannot have lapsed on the server yet."""
@@ -111,6 +113,16 @@ class Leadership:
             if not await lease.acquire(term=(s.leader.term if s.leader else 0) + 1):
                 await asyncio.sleep(poll_every(ttl))
 
+    def remember_terms(self) -> None:
+        """Before a lost log is folded again: keep the highest term folded so far.
+
+        Node agents remember the newest term they obeyed and refuse older ones (`stale_term`);
+        after a purge the new log names no leader, so a reign counted from the log alone would
+        start again at 1 and every command it sends would be refused.
+        """
+        s = self.fold.state
+        self.term_floor = max(self.term_floor, self.lease.term, s.leader.term if s.leader else 0)
+
     def _still_fenced(self) -> bool:
         """Whether our last announcement is still the last word on the leader subject.
 
@@ -150,7 +162,7 @@ class Leadership:
             return
         while lease.valid():
             prev = fold.state.leader
-            term = max(lease.term, prev.term + 1 if prev else 0)
+            term = reign_term(lease.term, prev.term if prev else None, self.term_floor)
             lease.term = term
             data = LeaderChangedData(leader_id=self.id, previous=prev.leader_id if prev else None, term=term)
             ev = LeaderChanged(
@@ -171,3 +183,9 @@ class Leadership:
         self.metrics.leader_changes.inc()
         log.info("leader now (term %d)", lease.term)
         fold.changed.set()
+
+
+def reign_term(lease_term: int, folded_term: int | None, floor: int) -> int:
+    """The term a new reign announces: past the log's last leader and past any term folded
+    before a lost log (`floor`), or the lease's own when it is already higher."""
+    return max(lease_term, folded_term + 1 if folded_term is not None else 0, floor + 1 if floor else 0)

@@ -225,6 +225,7 @@ class ControllerService:
         self.metrics.log_lost.inc()
         log.warning("the log lost what was folded (%s): rebuilding the state from %s", reason, MOTOR_STREAM)
         if self.leadership is not None:
+            self.leadership.remember_terms()
             self.leadership.step_down("the log was lost; announcing again once folded")
         if self._appender is not None:
             self._appender.reset()
