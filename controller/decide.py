@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from controller.assembly import assemble
 from controller.cleanup import cleanup
-from controller.instance_rules import reconcile, replace_cause
+from controller.instance_rules import reconcile, replace_cause, stop_again
 from controller.liveness import liveness
 from controller.rule_context import Ctx, Decision
 from core.config import ClusterConfig
@@ -70,6 +70,7 @@ def decide(
             if any(_moves(d) for d in mine):
                 moved.add(iid)
     out += cleanup(ctx, moved | held)
+    out += stop_again(ctx)
     if not replacing and not any(_frees(d) for d in out):
         out += assemble(ctx, busy)
     # Last, and only for instances nothing else touched: heartbeat moves never gate the others.

@@ -19,8 +19,10 @@ from controller.state_queries import (
     REPLACE_LEVELS,
     RESTART_LEVELS,
     START_EXHAUSTED,
+    outranked,
     ready_since,
     start_for,
+    started_after,
     statuses_since,
 )
 from core.config import ControllerConfig
@@ -327,11 +329,51 @@ def _starts(ctx: Ctx, inst: InstanceRecord, nodes: list[NodeRecord]) -> list[Dec
             what = "restored from a snapshot" if node.reg.restored else "re-registered without its engines"
             why = f"{node.node_id} {what}: starting it again for instance {iid}"
             out.append(ctx.start(inst, rank, 1, Cause(node.registered_seq, node.registered_id, why)))
-        elif inst.active_seq < prev.seq and not ready_since(node, prev) and _timed_out(ctx, inst, node, prev):
-            how = f"refused: {prev.reason}" if prev.status == "refused" else "no READY in time"
-            attempt = prev.data.attempt
-            why = f"start attempt {attempt} on {node.node_id} {how}: resending"
-            out += _start_or_give_up(ctx, inst, rank, node, prev, Cause(prev.seq, prev.data.command_id, why))
+        elif inst.active_seq < prev.seq and not ready_since(node, prev):
+            if outranked(prev):
+                out += _start_again(ctx, inst, rank, node, prev)
+            elif _timed_out(ctx, inst, node, prev):
+                how = f"refused: {prev.reason}" if prev.status == "refused" else "no READY in time"
+                attempt = prev.data.attempt
+                why = f"start attempt {attempt} on {node.node_id} {how}: resending"
+                out += _start_or_give_up(
+                    ctx, inst, rank, node, prev, Cause(prev.seq, prev.data.command_id, why)
+                )
+    return out
+
+
+def _start_again(
+    ctx: Ctx, inst: InstanceRecord, rank: int, node: NodeRecord, prev: StartRecord
+) -> list[Decision]:
+    """A start the node refused as of an older leader term is no failed attempt: the same
+    attempt goes again once a reign past the node's term leads (until then the leader
+    announces one, `controller.leadership`)."""
+    seen = outranked(prev)
+    if ctx.term <= seen:
+        return []
+    why = f"{node.node_id} refused the start as of term {prev.data.term} (it obeyed term {seen}): sending it in term {ctx.term}"
+    return [
+        ctx.start(inst, rank, prev.data.attempt, Cause(prev.seq, prev.data.command_id, why), _restarts(prev))
+    ]
+
+
+def stop_again(ctx: Ctx) -> list[Decision]:
+    """Stops a free node refused as of an older leader term, sent again once a reign past
+    the node's term leads (the node stays out of assembly meanwhile: `stop_outstanding`)."""
+    out: list[Decision] = []
+    for nid, node in sorted(ctx.state.nodes.items()):
+        stop = node.stop_cmd
+        seen = outranked(stop)
+        if stop is None or not seen or ctx.term <= seen or nid in ctx.idx.member_of:
+            continue
+        if stop.seq <= node.registered_seq or started_after(node, stop.seq):
+            continue
+        why = f"{nid} refused the stop as of term {stop.data.term} (it obeyed term {seen}): sending it in term {ctx.term}"
+        out.append(
+            ctx.stop(
+                node, stop.data.instance_id, Cause(stop.seq, stop.data.command_id, why), tag="stop-again"
+            )
+        )
     return out
 
 

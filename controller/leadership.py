@@ -21,6 +21,7 @@ from controller.fold import Fold
 from controller.leader import Lease, poll_every, renew_every
 from controller.metrics import ControllerMetrics
 from controller.rule_context import Decision
+from controller.state_queries import outranking_term
 from core import subjects
 from core.events import LeaderChanged, LeaderChangedData
 from core.ids import derive_id
@@ -160,6 +161,20 @@ class Leadership:
             log.warning("won the lease but could not fold to seq %d in time; giving it back", target)
             await lease.release()
             return
+        if not await self._announce(target):
+            return
+        self.leader = True
+        self.took_over_at = self.clock()
+        self.metrics.is_leader.set(1)
+        self.metrics.leader_changes.inc()
+        log.info("leader now (term %d)", lease.term)
+        fold.changed.set()
+
+    async def _announce(self, target: int) -> bool:
+        """Append `controller.leader_changed` for a reign past every term known; False when
+        the lease lapsed first."""
+        lease, fold, livefold = self.lease, self.fold, self.log
+        assert livefold is not None
         while lease.valid():
             prev = fold.state.leader
             term = reign_term(lease.term, prev.term if prev else None, self.term_floor)
@@ -172,17 +187,31 @@ class Leadership:
                 data=data,
             )
             if await self.appender.announce(Decision(ev), lease.valid) is not None:
-                break
+                return True
             # Someone wrote the leader subject after our fold (or NATS failed): fold, try again.
             await livefold.wait_for(livefold.position + 1, within=0.5)
-        else:
-            return
-        self.leader = True
-        self.took_over_at = self.clock()
-        self.metrics.is_leader.set(1)
+        return False
+
+    async def outrank(self) -> bool:
+        """Announce a newer reign if node agents refused this one's commands as of an older
+        term (`stale_term`): they obeyed a reign this controller never folded (it started
+        after a purge). True when it announced; the caller decides again once that is folded.
+
+        Called between decisions, by the decide loop, so no append is in flight with the old
+        fence.
+        """
+        seen = outranking_term(self.fold.state)
+        if not self.may_write() or seen < self.lease.term:
+            return False
+        log.warning(
+            "node agents obeyed term %d, this reign is term %d: announcing a newer one", seen, self.lease.term
+        )
+        self.term_floor = max(self.term_floor, seen)
+        if not await self._announce(self.fold.state.last_seq):
+            return False
         self.metrics.leader_changes.inc()
-        log.info("leader now (term %d)", lease.term)
-        fold.changed.set()
+        log.info("leader now (term %d, past the nodes' term %d)", self.lease.term, seen)
+        return True
 
 
 def reign_term(lease_term: int, folded_term: int | None, floor: int) -> int:

@@ -124,7 +124,7 @@ class Ctx:
             )
         )
 
-    def stop(self, node: NodeRecord, instance_id: int, cause: Cause, tag: str = "stop") -> Decision:
+    def stop(self, node: NodeRecord, instance_id: int | None, cause: Cause, tag: str = "stop") -> Decision:
         """Stop the node's engines; the id names the start and the stop it follows (not the cause)."""
         node_id = node.node_id
         last_start = node.start_cmd.data.command_id if node.start_cmd is not None else ""

@@ -253,6 +253,8 @@ class ControllerService:
                 continue
             if livefold.position < appender.awaited:
                 continue  # our own appends are not folded yet: deciding now would repeat them
+            if await lead.outrank():
+                continue  # decide once the newer reign is folded: commands carry its term
             started = time.perf_counter()
             decisions = decide(
                 self.fold.state,

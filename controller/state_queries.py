@@ -3,9 +3,18 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from core.events import EndpointStatus, FaultLevel, Role
-from core.state import AlarmRecord, ClusterState, FaultRecord, InstanceRecord, NodeRecord, StartRecord
+from core.state import (
+    AlarmRecord,
+    ClusterState,
+    CommandRecord,
+    FaultRecord,
+    InstanceRecord,
+    NodeRecord,
+    StartRecord,
+)
 
 # Restart the engines in place (isolate, stop, start); the instance keeps its nodes.
 RESTART_LEVELS = frozenset({FaultLevel.L3, FaultLevel.L4})
@@ -83,9 +92,31 @@ def node_blocked(state: ClusterState, node_id: str) -> bool:
 
 
 def stop_outstanding(node: NodeRecord) -> bool:
-    """A stop sent since the node's registration has not been applied (or refused) yet."""
+    """A stop sent since the node's registration has not been applied yet: pending, or refused
+    as of an older leader term (it is sent again, `stop_again`) and no start came after it."""
     stop = node.stop_cmd
-    return stop is not None and stop.status == "pending" and stop.seq > node.registered_seq
+    if stop is None or stop.seq <= node.registered_seq:
+        return False
+    return stop.status == "pending" or (outranked(stop) > 0 and not started_after(node, stop.seq))
+
+
+def started_after(node: NodeRecord, seq: int) -> bool:
+    return node.start_cmd is not None and node.start_cmd.seq > seq
+
+
+def outranked(cmd: CommandRecord[Any] | None) -> int:
+    """The newer leader term the node had obeyed when it refused `cmd` (`stale_term`); 0 if
+    it did not refuse it for that."""
+    return cmd.outranked_by if cmd is not None and cmd.status == "refused" else 0
+
+
+def outranking_term(state: ClusterState) -> int:
+    """The newest leader term a node refused a latest command of ours for (0: none did).
+
+    At or past the reign's own term, the leader must announce a newer reign: every command it
+    sends would be refused (`controller.leadership`).
+    """
+    return max((outranked(c) for n in state.nodes.values() for c in (n.start_cmd, n.stop_cmd)), default=0)
 
 
 def assemblable(state: ClusterState, node: NodeRecord, engine_type: str, idx: Index) -> bool:

@@ -152,6 +152,10 @@ class CommandAppliedData(Frozen):
     instance_id: int | None = None
 
 
+# `command.refused` code of a command older than the newest leader term its node obeyed.
+STALE_TERM = "stale_term"
+
+
 class CommandRefusedData(Frozen):
     command_id: str
     node_id: str
@@ -159,6 +163,9 @@ class CommandRefusedData(Frozen):
     instance_id: int | None = None
     code: str  # job_mismatch | bad_endpoint | port_in_use | spawn_failed | ...
     reason: str
+    # On `stale_term`: the newest leader term the node has obeyed. A leader that counted its
+    # term from a log that lost the older reigns (a purge) announces itself past it.
+    seen_term: int | None = None
 
 
 class EndpointStatusChangedData(Frozen):

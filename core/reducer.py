@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 import immutables
 
+from core.eventdata import STALE_TERM
 from core.events import (
     ALL_EVENTS,
     CircuitChanged,
@@ -190,16 +191,14 @@ def _refused(s: ClusterState, ev: CommandRefused, seq: int) -> Changes:
     if node is None:
         return None
     why: dict[str, Any] = dict(status="refused", reason=f"{d.code}: {d.reason}", status_ts=ev.ts)
-    if d.verb == "start":
-        start = node.start_cmd
-        if start is None or start.data.command_id != d.command_id:
-            return None
-        node = replace(node, start_cmd=replace(start, **why))
-    else:
-        stop = node.stop_cmd
-        if stop is None or stop.data.command_id != d.command_id:
-            return None
-        node = replace(node, stop_cmd=replace(stop, **why))
+    rec: CommandRecord[Any] | None = node.start_cmd if d.verb == "start" else node.stop_cmd
+    if rec is None or rec.data.command_id != d.command_id:
+        return None
+    if d.code == STALE_TERM:
+        # An agent from before `seen_term` said only that it saw a newer term than the command's.
+        why["outranked_by"] = d.seen_term if d.seen_term is not None else rec.data.term + 1
+    rec = replace(rec, **why)
+    node = replace(node, start_cmd=rec) if d.verb == "start" else replace(node, stop_cmd=rec)
     return dict(nodes=s.nodes.set(d.node_id, node))
 
 

@@ -46,6 +46,9 @@ class CommandRecord(Generic[D]):
     status: CommandStatus = "pending"
     reason: str = ""
     status_ts: float | None = None
+    # Refused `stale_term`: the newer leader term the node had obeyed (0 otherwise). The
+    # command is not a failed attempt: it is sent again once a reign past this term leads.
+    outranked_by: int = 0
 
 
 StartRecord = CommandRecord[StartCommandData]
@@ -187,6 +190,7 @@ def _cmd_to(rec: CommandRecord[Any] | None, verb: str) -> dict[str, Any] | None:
         "status": rec.status,
         "reason": rec.reason,
         "status_ts": rec.status_ts,
+        "outranked_by": rec.outranked_by,
     }
 
 
@@ -200,6 +204,7 @@ def _cmd_from(raw: dict[str, Any] | None, cls: type[D]) -> CommandRecord[D] | No
         status=raw["status"],
         reason=raw["reason"],
         status_ts=raw["status_ts"],
+        outranked_by=raw.get("outranked_by", 0),
     )
 
 

@@ -13,6 +13,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Literal
 
+from core.eventdata import STALE_TERM
 from core.events import (
     CommandApplied,
     CommandAppliedData,
@@ -59,6 +60,7 @@ def answer(node_id: str, source: str, cmd: Command, outcome: Outcome) -> Command
             instance_id=d.instance_id,
             code=outcome.code,
             reason=outcome.reason,
+            seen_term=outcome.seen_term,
         )
         return CommandRefused(id=eid, ts=time.time(), source=source, data=refused)
     applied = CommandAppliedData(
@@ -75,7 +77,9 @@ def check_term(term: int, newest: int) -> None:
     """
     if term < newest:
         raise CommandRefusal(
-            "stale_term", f"command of leader term {term}, this node has seen term {newest} already"
+            STALE_TERM,
+            f"command of leader term {term}, this node has seen term {newest} already",
+            seen_term=newest,
         )
 
 
@@ -178,7 +182,7 @@ class CommandHandler:
         """Refuse a command of an older leader term; remember a newer one (saved with the outcome)."""
         newest = self.engines.term
         if term < newest:
-            self.metrics.commands_rejected.labels(self.node_id, "stale_term").inc()
+            self.metrics.commands_rejected.labels(self.node_id, STALE_TERM).inc()
         check_term(term, newest)
         if term > newest:
             log.info("leader term %d (was %d)", term, newest)

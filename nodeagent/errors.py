@@ -20,14 +20,15 @@ class Refusal(BaseModel):
 
     code: str  # job_mismatch | bad_endpoint | port_in_use | stale_term | handler_failed | ...
     reason: str
+    seen_term: int | None = None  # stale_term: the newest leader term this node obeyed
 
 
 class CommandRefusal(NodeAgentError):
     """A start/stop command that cannot take effect; becomes a `command.refused` event."""
 
-    def __init__(self, code: str, reason: str) -> None:
+    def __init__(self, code: str, reason: str, *, seen_term: int | None = None) -> None:
         super().__init__(f"{code}: {reason}")
-        self.refusal = Refusal(code=code, reason=reason)
+        self.refusal = Refusal(code=code, reason=reason, seen_term=seen_term)
 
     @property
     def code(self) -> str:

@@ -189,6 +189,7 @@ async def test_a_command_of_an_older_leader_term_is_refused_and_later_commands_r
     await pub.publish(t1)
     refused = await tail.wait(is_(CommandRefused, node, command_id=t1.data.command_id), within=30)
     assert refused.data.code == "stale_term" and "term 1" in refused.data.reason, refused.data
+    assert refused.data.seen_term == 2  # what a leader must announce past to be obeyed
     assert (await agent.status())["instance_id"] == 2
 
     # Term 3 goes through: stop instance 2, start instance 3.

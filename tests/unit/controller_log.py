@@ -30,6 +30,8 @@ from core.events import (
     Heartbeat,
     HeartbeatData,
     InstanceState,
+    LeaderChanged,
+    LeaderChangedData,
     NodeDeregistered,
     NodeDeregisteredData,
     NodeRegistered,
@@ -197,11 +199,20 @@ class Log:
             CommandApplied(id=self._id("ok"), ts=self.now, source=f"nodeagent/{node_id}", data=data)
         )
 
-    def refused(self, node_id: str, code: str = "port_in_use") -> int:
-        cmd = self.state.nodes[node_id].start_cmd
+    def refused(
+        self, node_id: str, code: str = "port_in_use", verb: str = "start", seen_term: int | None = None
+    ) -> int:
+        node = self.state.nodes[node_id]
+        cmd = node.start_cmd if verb == "start" else node.stop_cmd
         assert cmd is not None
         data = CommandRefusedData(
-            command_id=cmd.data.command_id, node_id=node_id, verb="start", code=code, reason="test"
+            command_id=cmd.data.command_id,
+            node_id=node_id,
+            verb=verb,
+            instance_id=cmd.data.instance_id,
+            code=code,
+            reason="test",
+            seen_term=seen_term,
         )
         return self.add(
             CommandRefused(id=self._id("no"), ts=self.now, source=f"nodeagent/{node_id}", data=data)
@@ -220,6 +231,14 @@ class Log:
                     self.status(nid, ep.id, EndpointStatus.STARTING)
                     if ready:
                         self.status(nid, ep.id, EndpointStatus.READY)
+
+    def lead(self, term: int, leader_id: str = "c1") -> int:
+        """A controller announces its reign of `term`."""
+        prev = self.state.leader
+        data = LeaderChangedData(leader_id=leader_id, previous=prev.leader_id if prev else None, term=term)
+        return self.add(
+            LeaderChanged(id=self._id("lead"), ts=self.now, source=f"controller/{leader_id}", data=data)
+        )
 
     def fault(self, node_id: str, level: FaultLevel | str, code: str = "CardUnhealthy", **kw: Any) -> str:
         fid = self._id("fault", node_id)
