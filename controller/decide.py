@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from controller.assembly import assemble
 from controller.cleanup import cleanup
-from controller.instance_rules import reconcile, replace_cause, stop_again
+from controller.instance_rules import reconcile, replace_cause
 from controller.liveness import liveness
 from controller.rule_context import Ctx, Decision
+from controller.start_rules import stop_again
 from core.config import ClusterConfig
 from core.events import (
     FaultCleared,
