@@ -165,7 +165,7 @@ class CommandRefusedData(Frozen):
     reason: str
     # On `stale_term`: the newest leader term the node has obeyed. A leader that counted its
     # term from a log that lost the older reigns (a purge) announces itself past it.
-    seen_term: int | None = None
+    seen_term: int | None = Field(default=None, ge=0)
 
 
 class EndpointStatusChangedData(Frozen):

@@ -195,8 +195,9 @@ def _refused(s: ClusterState, ev: CommandRefused, seq: int) -> Changes:
     if rec is None or rec.data.command_id != d.command_id:
         return None
     if d.code == STALE_TERM:
-        # An agent from before `seen_term` said only that it saw a newer term than the command's.
-        why["outranked_by"] = d.seen_term if d.seen_term is not None else rec.data.term + 1
+        # Newer than the command's, whatever the node says (an agent from before `seen_term`
+        # says nothing more).
+        why["outranked_by"] = max(d.seen_term or 0, rec.data.term + 1)
     rec = replace(rec, **why)
     node = replace(node, start_cmd=rec) if d.verb == "start" else replace(node, stop_cmd=rec)
     return dict(nodes=s.nodes.set(d.node_id, node))

@@ -6,12 +6,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pytest
+from pydantic import ValidationError
 
 from controller.decide import decide
 from controller.leadership import reign_term
 from controller.state_queries import START_EXHAUSTED, outranking_term, stop_outstanding
 from core import subjects
-from core.events import EventBase, FaultLevel, InstanceState
+from core.events import CommandRefusedData, EventBase, FaultLevel, InstanceState
 from core.state import state_from_dict, state_to_dict
 from replay.verify import verify
 from tests.unit.controller_log import Log, config
@@ -66,6 +67,7 @@ def _fresh_start(log: Log) -> None:
     [
         ("stale_term", 3, 3),  # the node names the term it obeyed
         ("stale_term", None, 2),  # an agent from before `seen_term`: newer than the command's (1)
+        ("stale_term", 0, 2),  # a node that contradicts itself: still newer than the command's
         ("port_in_use", None, 0),  # any other refusal is a failed attempt, as before
     ],
 )
@@ -80,6 +82,13 @@ def test_a_refusal_records_the_term_that_outranked_the_command(
     assert rec is not None and (rec.status, rec.outranked_by) == ("refused", outranked_by)
     assert outranking_term(log.state) == outranked_by
     assert state_from_dict(state_to_dict(log.state)) == log.state
+
+
+def test_a_negative_seen_term_does_not_decode() -> None:
+    with pytest.raises(ValidationError):
+        CommandRefusedData(
+            command_id="c", node_id="n1", verb="start", code="stale_term", reason="", seen_term=-1
+        )
 
 
 def test_a_start_refused_for_an_older_term_waits_for_a_newer_reign_and_is_no_failed_attempt() -> None:
