@@ -139,6 +139,7 @@ def build_proxy(
         limiter=_limiter(s),
         on_done=_detector(ctx),
         request_timeout=s.request_timeout,
+        continue_whole_from=s.continue_whole_from_tokens,
     )
     return Proxy(app, ups, faults, outbox)
 

@@ -284,6 +284,11 @@ class CoordinatorConfig(_Strict):
     retries: int = Field(2, ge=0)
     first_token_timeout: float = Field(60.0, gt=0)  # no first byte within this -> retried elsewhere
     inter_token_timeout: float = Field(30.0, gt=0)  # a stream silent this long -> continued elsewhere
+    # A whole (non-streamed) answer whose token budget is unset or at least this many tokens is
+    # asked of its engine as a stream and folded into one body, so an engine dying midway costs
+    # a continuation, not a whole generation again; shorter ones keep the plain (cheaper) whole
+    # path and are generated again. None: every whole answer takes the plain path.
+    continue_whole_from_tokens: int | None = Field(32, ge=1)
     request_timeout: float = Field(600.0, gt=0)
     policy: PolicyConfig = PolicyConfig()
     rate_limit: RateLimitConfig = RateLimitConfig()

@@ -14,6 +14,7 @@ import logging
 import signal
 import struct
 import time
+from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ from simengine.handoff import TRANSFER_PATH, HandoffClient, HandoffStore
 from simengine.injection import FaultError, Faults
 from simengine.metaserver import MetaServer
 from simengine.native_api import NativeApi
-from simengine.openai_api import ApiError, check_model, parse_chat, parse_completion, parse_json
+from simengine.openai_api import ApiError, GenRequest, check_model, parse_chat, parse_completion, parse_json
 from simengine.options import EngineOptions
 from simengine.render import models_body
 from simengine.router import HandlerResult, Response, Router, json_response, start_server
@@ -39,6 +40,7 @@ from simengine.vllm_metrics import CONTENT_TYPE
 log = logging.getLogger(__name__)
 
 VERSION = "0.1.0-builtin"
+SEEN = 64  # generation requests `GET /admin/requests` lists, newest last
 MAX_EMBEDDING_DIM = 8192
 
 
@@ -66,6 +68,7 @@ class BuiltinEngine:
         self.snapshot_state = "running"  # running | suspended | unlocked
         self._stop = asyncio.Event()
         self._servers: list[Server] = []
+        self.seen: deque[GenRequest] = deque(maxlen=SEEN)  # what tests ask: which requests came
 
     # ------------------------------------------------------------------ routing
 
@@ -100,6 +103,7 @@ class BuiltinEngine:
         r.add("POST", "/resume", self.resume)
         r.add("GET", "/admin/faults", lambda req: json_response(self.faults.as_dict()))
         r.add("POST", "/admin/faults", self.set_faults)
+        r.add("GET", "/admin/requests", self.requests_seen)
         r.add("POST", TRANSFER_PATH, self.kv_transfer)
         r.add("POST", "/v1/metaserver", self.metaserver_forward)
         for method, path, handler in NativeApi(self.gen, self.names, self.settings.max_model_len).routes():
@@ -110,11 +114,20 @@ class BuiltinEngine:
 
     def completions(self, req: Request) -> HandlerResult:
         g = parse_completion(parse_json(req.body), self.names, req.header(b"x-request-id"))
+        self.seen.append(g)
         return self.gen.handle(g)
 
     def chat(self, req: Request) -> HandlerResult:
         g = parse_chat(parse_json(req.body), self.names, req.header(b"x-request-id"))
+        self.seen.append(g)
         return self.gen.handle(g)
+
+    def requests_seen(self, req: Request) -> Response:
+        """The last generation requests this engine parsed (a test's view of what came)."""
+        rows = [(g.rid, g.chat, g.stream, g.prompt_text, g.max_tokens) for g in self.seen]
+        return json_response(
+            [dict(zip(("rid", "chat", "stream", "prompt", "max_tokens"), r, strict=True)) for r in rows]
+        )
 
     def embeddings(self, req: Request) -> Response:
         body = parse_json(req.body)

@@ -32,6 +32,7 @@ from coordinator.proxy.asgi import ASGIApp, serve_asgi
 from coordinator.proxy.call import RESERVED, Call, client_request_id
 from coordinator.proxy.flows import Flows
 from coordinator.proxy.native import NativeRoutes, handles
+from coordinator.proxy.wholefold import WholeFold, streamed_body
 from http1.auth import AUTHENTICATE, PROBES, Access, Guard
 from http1.request import Request
 from http1.server import ClientConn
@@ -99,6 +100,7 @@ class ProxyApp:
         limiter: Limiter | None = None,
         on_done: Callable[[Call], None] | None = None,
         request_timeout: float | None = None,
+        continue_whole_from: int | None = None,
     ) -> None:
         self.flows = flows
         self.table = flows.table
@@ -111,6 +113,7 @@ class ProxyApp:
         self.limiter = limiter
         self.on_done = on_done  # called with each finished Call (precision detector hook)
         self.request_timeout = request_timeout
+        self.continue_whole_from = continue_whole_from  # see `wholefold.py`
         self._deadlines: dict[asyncio.Task[Any], float] = {}
         self._expired: set[asyncio.Task[Any]] = set()
         self._sweeper: asyncio.TimerHandle | None = None
@@ -216,6 +219,12 @@ class ProxyApp:
         root = req.rid = self._next_id()
         call = Call(conn, req, route, engine_path, body, raw, root, client_request_id(req.headers))
         call.anthropic = anthropic
+        if stream is not True and self.continue_whole_from is not None and route != "embeddings":
+            streamed = streamed_body(route != "completions", body, self.continue_whole_from)
+            if streamed is not None:
+                call.fold = WholeFold(route != "completions")
+                call.body = call.origin = streamed
+                call.raw = orjson.dumps(streamed)
         task = self._deadline(call) if self.request_timeout is not None else None
         try:
             await self.flows.run(call, plan)

@@ -28,6 +28,7 @@ from http1.server import ClientConn
 if TYPE_CHECKING:
     from coordinator.proxy.client_sinks import Sink
     from coordinator.proxy.continuation import Progress
+    from coordinator.proxy.wholefold import WholeFold
 
 # Body fields that steer an engine's identity or P/D transfer: only the coordinator sets them
 # (a client's `rid` would pick the engine's request id; its `kv_transfer_params` or
@@ -82,6 +83,7 @@ class Call:
         "conn",
         "exclude",
         "excluded_as",
+        "fold",
         "model",
         "origin",
         "path",
@@ -136,6 +138,7 @@ class Call:
         self.sink: Sink | None = None
         self.anthropic = False
         self.progress: Progress | None = None
+        self.fold: WholeFold | None = None  # a whole answer asked as a stream (`wholefold.py`)
         self.served_by: Endpoint | None = None  # the endpoint whose response the client got
         self.prefill_by: Endpoint | None = None  # its prefill peer in P/D
         self.resp_body: list[bytes] | None = None  # that response's decoded body (detector)

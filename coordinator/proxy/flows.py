@@ -112,10 +112,10 @@ class Flows:
 
     def fail(self, call: Call, last: Retry | None, what: str | None = None, status: int = 503) -> None:
         """Answer a call no attempt could serve (in the client's API)."""
+        if call.resuming is not None and self.faults is not None:
+            self.faults.failed(call.resuming)  # a stream, or a folded whole answer, not continued
+            call.resuming = None
         if call.committed:
-            if call.resuming is not None and self.faults is not None:
-                self.faults.failed(call.resuming)
-                call.resuming = None
             msg = last.reason if last is not None else (what or self._no_path(call))
             log.warning("stream %s ends with an error: %s", call.root, msg)
             call.conn.write(wire.chunk(call.error_event(msg)) + wire.LAST_CHUNK)

@@ -106,6 +106,9 @@ class Hop:
             call.ttft = time.perf_counter() - call.t0
         if not call.committed:
             call.status = up.status
+        if call.fold is not None:
+            await self._fold(call, up, ep)
+            return
         if call.sink is None and not call.anthropic:
             head = self._head(call, up)
             if head is None:
@@ -146,6 +149,27 @@ class Hop:
 
         await self._until_end(call, up, ep, up.stream_to(on_data))
         conn.write(sink.end())
+
+    async def _fold(self, call: Call, up: UpstreamConn, ep: Endpoint) -> None:
+        """A whole answer asked as a stream (`wholefold.py`): folded, then answered in one body.
+        The client saw nothing before that, so an engine failing midway is `Broken` with the
+        call uncommitted: the flows continue the answer from the fold."""
+        fold = call.fold
+        assert fold is not None
+        if up.status != 200 or not _is_sse(up.headers):  # a refusal, or an engine that answered whole
+            await self._whole(call, up, ep, _to_anthropic(call) if call.anthropic else _as_is)
+            return
+        try:
+            fut = up.stream_to(fold.feed)
+            if fut is not None:
+                await fut
+        except UpstreamError as exc:
+            raise Broken(up, ep, exc) from None
+        except BaseException:
+            up.close()
+            raise
+        up.release()
+        answer_folded(call, ep)
 
     async def _until_end(
         self, call: Call, up: UpstreamConn, ep: Endpoint, fut: asyncio.Future[None] | None
@@ -223,6 +247,28 @@ class Hop:
         self.breakers.failure(ep.key, f"{kind}: {exc}" if exc is not None else kind)
         if self.metrics is not None:
             self.metrics.upstream_errors.labels(endpoint=ep.key, kind=kind).inc()
+
+
+def answer_folded(call: Call, ep: Endpoint) -> None:
+    """Answer a folded whole answer (served last by `ep`) in the client's API."""
+    fold = call.fold
+    assert fold is not None
+    call.served_by = ep
+    if fold.error is not None:
+        call.relay_error(*fold.error_answer())
+        return
+    resp = fold.answer()
+    body = orjson.dumps(resp)
+    call.resp_body = [body]
+    if call.anthropic:
+        from coordinator.anthropic import chat_to_message
+
+        body = orjson.dumps(chat_to_message(resp, call.model or ""))
+    call.send(200, body)
+
+
+def _is_sse(headers: list[tuple[bytes, bytes]]) -> bool:
+    return any(name == b"content-type" and b"event-stream" in value for name, value in headers)
 
 
 def _as_is(status: int, data: bytes) -> bytes:
