@@ -10,7 +10,8 @@ bootstrap rooms derive from it); a client's `x-request-id` is echoed back and lo
 sent on, so two clients cannot collide on purpose.
 
 Budget: the client's body is parsed once (orjson) for routing and, on a single hop, sent to
-the engine as the very bytes the client sent.
+the engine as the very bytes the client sent; only a long whole answer is re-encoded, asked as
+a stream so an engine failure midway can be continued (`wholefold.py`).
 """
 
 from __future__ import annotations

@@ -237,7 +237,7 @@ class WholeFold:
         text = "".join(self.parts)
         choice: dict[str, Any]
         if self.chat:
-            message = {
+            message: dict[str, Any] = {
                 "role": "assistant",
                 "content": text,
                 "reasoning_content": "".join(self.reasoning) if self.reasoning else None,
