@@ -185,8 +185,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     for o in failed:  # what failed, and in which phase: the fix it calls for
         phase = next((name for name, t in reversed(phases) if o.started >= t), "warm-up")
         print(f"failed in {phase}: {o.failure()} ({o.describe(phases[0][1])})")
-    # A whole (non-streamed) answer cut by a kill is generated again from its start (there is
-    # no partial text to continue from): its stall is up to one whole generation. Said apart.
+    # A whole (non-streamed) answer cut by a kill is continued from the text folded so far when
+    # its budget is at least `continue_whole_from_tokens`, else generated again. Said apart.
     for kind, stream in (("streams", True), ("whole answers", False)):
         mine = reroute_ms([o for o in outcomes if o.stream is stream], kills, baseline)
         print(f"reroute p99 of {kind} in flight at a kill: {p99(mine):.0f} ms over {len(mine)}")
