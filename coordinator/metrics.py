@@ -143,6 +143,12 @@ class CoordinatorMetrics:
             "Streams continued on another path after their engine died or stalled mid-stream",
             registry=r,
         )
+        self.whole_continuations = Counter(
+            "motor_coordinator_whole_continuations",
+            "Whole (non-streamed) answers continued on another path from the text folded so far "
+            "after their engine died or stalled midway",
+            registry=r,
+        )
         self.readmitted = Counter(
             "motor_coordinator_readmitted",
             "Endpoints a request had excluded after a failure and tried again once they were READY as a new process",

@@ -100,7 +100,7 @@ def on_whole_answer_broken(call: Call, ep: Endpoint, why: str, hop: Hop) -> bool
         log.warning("whole answer %s broke on %s (%s): asked again elsewhere", call.root, ep.key, why)
         return True
     if hop.metrics is not None:
-        hop.metrics.continuations.inc()
+        hop.metrics.whole_continuations.inc()
     log.warning(
         "whole answer %s broke on %s after %d tokens (%s); continuing elsewhere",
         call.root,

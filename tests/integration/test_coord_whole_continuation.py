@@ -110,6 +110,9 @@ async def check_continued(
     full = text_of(api, want)
     assert any(last["prompt"].endswith(full[:k]) for k in range(len(full) - 1, 0, -1)), last["prompt"]
     assert "continuing elsewhere" in c.log_text()
+    async with aiohttp.ClientSession() as s, s.get(f"{c.url}/metrics") as r:
+        metrics = await r.text()
+    assert "motor_coordinator_whole_continuations_total 1.0" in metrics
 
 
 @pytest.mark.parametrize("api", ["chat", "completions"])
