@@ -15,7 +15,7 @@ from typing import Protocol
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.routes import any_path
 from coordinator.table import RoutingTable
-from core.config import CoordinatorConfig
+from core.coordconfig import CoordinatorConfig
 from core.events import AnyEvent, EventBase
 
 

@@ -12,7 +12,7 @@ import random
 import re
 from dataclasses import dataclass, field
 
-from core.config import PrecisionDetectorConfig
+from core.coordconfig import PrecisionDetectorConfig
 from core.events import PrecisionAlarmRaised, PrecisionAlarmRaisedData
 from core.ids import derive_id
 

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from core.config import RateLimitConfig
+from core.coordconfig import RateLimitConfig
 
 
 @dataclass(frozen=True, slots=True)

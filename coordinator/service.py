@@ -26,7 +26,7 @@ from coordinator.proxy.flows import Flows
 from coordinator.proxy.pool import UpstreamPool
 from coordinator.proxy.server import ProxyServer
 from coordinator.table import Incarnation
-from core.config import CoordinatorConfig
+from core.coordconfig import CoordinatorConfig
 from core.events import Role
 from http1.metrics import HttpCollector
 

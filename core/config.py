@@ -11,18 +11,16 @@ from typing import Any, Literal
 
 import orjson
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
+from core.configbase import Strict, check_keys, one_of
+from core.coordconfig import CoordinatorConfig
 from core.errors import ConfigError
 from core.events import Role
 from core.redact import MASK, secret_name
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class TLSConfig(_Strict):
+class TLSConfig(Strict):
     """TLS files: `ca_file` verifies the server, `cert_file`/`key_file` are a client certificate;
     `server_cert_file`/`server_key_file` are the embedded server's (`motor up` makes a
     throwaway CA and certificate under `.motor/tls/` when TLS is required and these are unset)."""
@@ -40,21 +38,7 @@ class TLSConfig(_Strict):
         return self
 
 
-def _check_keys(keys: list[str]) -> list[str]:
-    for k in keys:
-        if not k:
-            raise ValueError("a key must not be empty")
-        if any(c.isspace() for c in k):
-            raise ValueError("a key must not contain whitespace")
-    return keys
-
-
-def _one_of(model: BaseModel, field: str) -> None:
-    if getattr(model, field) and getattr(model, f"{field}_file") is not None:
-        raise ValueError(f"give {field} or {field}_file, not both")
-
-
-class NatsConfig(_Strict):
+class NatsConfig(Strict):
     """Where NATS is and how to log in. Secrets belong in the environment or a context file
     (`MOTOR_NATS_CONTEXT`, `MOTOR_NATS_USER`/`MOTOR_NATS_PASSWORD` …, see streams/credentials.py)
     rather than in this file; `motor up` generates per-role credentials for its own server."""
@@ -77,12 +61,12 @@ class NatsConfig(_Strict):
 
     @model_validator(mode="after")
     def _check(self) -> NatsConfig:
-        _one_of(self, "password")
-        _one_of(self, "token")
+        one_of(self, "password")
+        one_of(self, "token")
         return self
 
 
-class HealthCheckConfig(_Strict):
+class HealthCheckConfig(Strict):
     """Native `/health` probing (seed 002 `health_check_config`).
 
     `timeout` is one request's limit (the seed's `health_collector_timeout`, 5 s);
@@ -98,7 +82,7 @@ class HealthCheckConfig(_Strict):
     retry_attempts: int = Field(3, ge=1)
 
 
-class FaultToleranceConfig(_Strict):
+class FaultToleranceConfig(Strict):
     """The node agent's fault reporter (seed 002 NodeManager `fault_tolerance_config`).
 
     `enabled` None: on when the engine config enables fault tolerance
@@ -114,7 +98,7 @@ class FaultToleranceConfig(_Strict):
 DEFAULT_SNAPSHOT_METADATA = "/snapshot/snapshot_metadata.json"
 
 
-class SnapshotConfig(_Strict):
+class SnapshotConfig(Strict):
     """Container snapshot (vLLM only). The metadata file defaults to the seed's path;
     `metadata_dir` (older configs) puts `snapshot_metadata.json` in that directory instead."""
 
@@ -133,7 +117,7 @@ class SnapshotConfig(_Strict):
         return self.metadata_path
 
 
-class EngineSection(_Strict):
+class EngineSection(Strict):
     """One of `union`, `prefill`, `decode`: how many instances and how each engine runs."""
 
     instances: int = Field(1, ge=0)
@@ -196,7 +180,7 @@ class EngineSection(_Strict):
         return self
 
 
-class ControllerConfig(_Strict):
+class ControllerConfig(Strict):
     host: str = "127.0.0.1"
     port: int = Field(8100, ge=1, le=65535)
     heartbeat_timeout: float = Field(10.0, gt=0)  # silent this long -> INACTIVE
@@ -224,90 +208,15 @@ class ControllerConfig(_Strict):
     api_keys_file: str | None = None  # one key a line; env MOTOR_CONTROLLER_API_KEYS wins
     public_metrics: bool = True
 
-    _keys = field_validator("api_keys")(_check_keys)
+    _keys = field_validator("api_keys")(check_keys)
 
     @model_validator(mode="after")
     def _check(self) -> ControllerConfig:
-        _one_of(self, "api_keys")
+        one_of(self, "api_keys")
         return self
 
 
-class RateLimitConfig(_Strict):
-    requests_per_second: float = Field(0, ge=0)  # 0 = unlimited
-    burst: int = Field(0, ge=0)
-    max_in_flight: int = Field(0, ge=0)
-
-
-class BreakerConfig(_Strict):
-    failures: int = Field(3, ge=1)
-    backoff_initial: float = Field(30.0, gt=0)
-    backoff_max: float = Field(300.0, gt=0)
-
-
-class PolicyConfig(_Strict):
-    union: str = "least_load"
-    prefill: str = "prefix_affinity"
-    decode: str = "least_load"
-
-
-class PrecisionDetectorConfig(_Strict):
-    enabled: bool = False
-    sample_rate: float = Field(0.1, ge=0, le=1)
-
-
-class HttpLimitsConfig(_Strict):
-    """Limits of an HTTP server we write (the coordinator's ports, the builtin engine's)."""
-
-    max_request_line: int = Field(8 * 1024, ge=256)  # 414 beyond
-    max_header_bytes: int = Field(64 * 1024, ge=1024)  # 431 beyond
-    max_header_fields: int = Field(100, ge=8)  # 431 beyond
-    header_timeout: float = Field(10.0, gt=0)  # a request head must arrive within this (408)
-    idle_timeout: float = Field(60.0, gt=0)  # keep-alive: closed after this long without a request
-    max_connections: int = Field(4096, ge=1)  # 503 beyond
-
-
-class CoordinatorConfig(_Strict):
-    host: str = "127.0.0.1"
-    port: int = Field(8000, ge=1, le=65535)
-    # The management API's own port (seed 001's manage port); None: served on `port`.
-    mgmt_port: int | None = Field(None, ge=1, le=65535)
-    # User keys for /v1 (any route but the probes); none: /v1 is open.
-    api_keys: list[str] = Field(default_factory=list)
-    api_keys_file: str | None = None  # one key a line; env MOTOR_COORDINATOR_API_KEYS wins
-    # Keys for the management API (refresh, precision, instance views). While any key is
-    # configured, management needs one of these: a user key is not enough.
-    admin_keys: list[str] = Field(default_factory=list)
-    admin_keys_file: str | None = None  # env MOTOR_COORDINATOR_ADMIN_KEYS wins
-    public_metrics: bool = True  # False: /metrics needs an admin key
-    http: HttpLimitsConfig = HttpLimitsConfig()
-    max_body_bytes: int = Field(8 * 1024 * 1024, gt=0)
-    retries: int = Field(2, ge=0)
-    first_token_timeout: float = Field(60.0, gt=0)  # no first byte within this -> retried elsewhere
-    inter_token_timeout: float = Field(30.0, gt=0)  # a stream silent this long -> continued elsewhere
-    # A whole (non-streamed) answer whose token budget is unset or at least this many tokens is
-    # asked of its engine as a stream and folded into one body, so an engine dying midway costs
-    # a continuation, not a whole generation again; shorter ones keep the plain (cheaper) whole
-    # path and are generated again. None: every whole answer takes the plain path.
-    continue_whole_from_tokens: int | None = Field(32, ge=1)
-    request_timeout: float = Field(600.0, gt=0)
-    policy: PolicyConfig = PolicyConfig()
-    rate_limit: RateLimitConfig = RateLimitConfig()
-    breaker: BreakerConfig = BreakerConfig()
-    precision_detector: PrecisionDetectorConfig = PrecisionDetectorConfig()
-    # Seconds between scrapes of every engine's /metrics, re-exposed relabelled on /metrics
-    # (seed 002's coordinator metrics collector; MindIE `prometheus_metrics_config.reuse_time`).
-    engine_metrics_interval: float = Field(3.0, gt=0)
-
-    _keys = field_validator("api_keys", "admin_keys")(_check_keys)
-
-    @model_validator(mode="after")
-    def _check(self) -> CoordinatorConfig:
-        _one_of(self, "api_keys")
-        _one_of(self, "admin_keys")
-        return self
-
-
-class NodeAgentConfig(_Strict):
+class NodeAgentConfig(Strict):
     host: str = "127.0.0.1"
     port_base: int = Field(8200, ge=1, le=65535)
     engine_port_base: int = Field(9000, ge=1, le=65535)
@@ -325,7 +234,7 @@ class NodeAgentConfig(_Strict):
     command_retry_delay: float = Field(1.0, gt=0)
 
 
-class ClusterConfig(_Strict):
+class ClusterConfig(Strict):
     name: str = "motor"
     nats: NatsConfig = NatsConfig()
     controller: ControllerConfig = ControllerConfig()

@@ -26,7 +26,7 @@ from typing import cast
 
 import httptools
 
-from core.config import HttpLimitsConfig
+from core.coordconfig import HttpLimitsConfig
 from http1.head import HeadReader, LimitExceeded
 
 log = logging.getLogger(__name__)

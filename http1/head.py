@@ -12,7 +12,7 @@ from typing import Any
 
 import httptools
 
-from core.config import HttpLimitsConfig
+from core.coordconfig import HttpLimitsConfig
 
 
 class LimitExceeded(Exception):

@@ -23,7 +23,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
-from core.config import HttpLimitsConfig
+from core.coordconfig import HttpLimitsConfig
 from http1 import wire
 from http1.conn import LimitedProtocol, Watchdog
 from http1.request import Request, normal_path

@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from core.config import HttpLimitsConfig
+from core.coordconfig import HttpLimitsConfig
 
 
 def _positive_int(text: str) -> int:

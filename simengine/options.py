@@ -10,7 +10,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Literal
 
-from core.config import HttpLimitsConfig
+from core.coordconfig import HttpLimitsConfig
 
 Role = Literal["union", "prefill", "decode"]
 FtStatus = Literal["healthy", "unhealthy", "dead"]

@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 
-from core.config import HttpLimitsConfig
+from core.coordconfig import HttpLimitsConfig
 from core.http_errors import engine_error
 from http1.metrics import HttpCollector
 from http1.request import Request

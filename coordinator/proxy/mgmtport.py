@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from coordinator.proxy.asgi import ASGIApp, serve_asgi
 from coordinator.proxy.server import ProxyServer
-from core.config import HttpLimitsConfig
+from core.coordconfig import HttpLimitsConfig
 from http1.request import Request
 from http1.server import ClientConn
 

@@ -11,7 +11,7 @@ engine connections it uses (an engine stops generating when its client disconnec
 from __future__ import annotations
 
 from coordinator.errors import error_for_path
-from core.config import HttpLimitsConfig
+from core.coordconfig import HttpLimitsConfig
 from http1.server import Handler, Server
 
 

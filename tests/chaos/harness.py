@@ -26,7 +26,8 @@ import openai
 import orjson
 from nats.aio.client import Client
 
-from core.config import BreakerConfig, ClusterConfig, ControllerConfig, CoordinatorConfig
+from core.config import ClusterConfig, ControllerConfig
+from core.coordconfig import BreakerConfig, CoordinatorConfig
 from core.state import ClusterState
 from deploy.cluster import NATS, LocalCluster
 from deploy.watch import snapshot_state

@@ -24,7 +24,7 @@ from nats.js import JetStreamContext
 from coordinator.context import CoordinatorContext
 from coordinator.feed import follow_log
 from coordinator.mgmt import create_mgmt_app
-from core.config import CoordinatorConfig
+from core.coordconfig import CoordinatorConfig
 from core.events import EventBase
 from streams.livefold import LiveFold
 from streams.publisher import Publisher

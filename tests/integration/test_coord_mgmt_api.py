@@ -13,7 +13,7 @@ from nats.js import JetStreamContext
 from coordinator.context import CoordinatorContext
 from coordinator.table import RoutingTable
 from core.codec import encode
-from core.config import CoordinatorConfig
+from core.coordconfig import CoordinatorConfig
 from core.events import EndpointStatus, InstanceState, Role
 from streams.definitions import MOTOR_STREAM
 from streams.reader import read_range

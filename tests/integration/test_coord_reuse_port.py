@@ -13,7 +13,7 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 
 from coordinator.service import CoordinatorService
-from core.config import CoordinatorConfig
+from core.coordconfig import CoordinatorConfig
 from core.events import Role
 from streams.definitions import MOTOR_STREAM
 from streams.publisher import Publisher

@@ -7,7 +7,7 @@ import random
 import pytest
 
 from coordinator.detector import PrecisionDetector, garbage_reason
-from core.config import PrecisionDetectorConfig
+from core.coordconfig import PrecisionDetectorConfig
 
 
 @pytest.mark.parametrize(

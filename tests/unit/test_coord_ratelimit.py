@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from coordinator.ratelimit import RateLimiter, TokenBucket
-from core.config import RateLimitConfig
+from core.coordconfig import RateLimitConfig
 
 
 class Clock:

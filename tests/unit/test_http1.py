@@ -7,7 +7,7 @@ import time
 import httptools
 import pytest
 
-from core.config import HttpLimitsConfig
+from core.coordconfig import HttpLimitsConfig
 from http1.auth import Access, Guard, normalize_path, presented_keys
 from http1.head import HeadReader, LimitExceeded, head_budget
 
