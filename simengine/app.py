@@ -7,12 +7,9 @@ paths to its handlers, `run()` serves until SIGTERM/SIGINT.
 from __future__ import annotations
 
 import asyncio
-import base64
 import gc
-import hashlib
 import logging
 import signal
-import struct
 import time
 from collections import deque
 from pathlib import Path
@@ -24,24 +21,23 @@ from http1.metrics import HttpCollector
 from http1.request import Request
 from http1.server import Server
 from simengine.bootstrap import BootstrapClient, RoomRegistry
+from simengine.embeddings import embeddings_body
 from simengine.engine import Engine
 from simengine.generation import Generator, close_all
 from simengine.handoff import TRANSFER_PATH, HandoffClient, HandoffStore
 from simengine.injection import FaultError, Faults
 from simengine.metaserver import MetaServer
 from simengine.native_api import NativeApi
-from simengine.openai_api import ApiError, GenRequest, check_model, parse_chat, parse_completion, parse_json
+from simengine.openai_api import ApiError, GenRequest, parse_chat, parse_completion, parse_json
 from simengine.options import EngineOptions
 from simengine.render import models_body
 from simengine.router import HandlerResult, Response, Router, json_response, start_server
-from simengine.tokenizer import count_tokens
 from simengine.vllm_metrics import CONTENT_TYPE
 
 log = logging.getLogger(__name__)
 
 VERSION = "0.1.0-builtin"
 SEEN = 64  # generation requests `GET /admin/requests` lists, newest last
-MAX_EMBEDDING_DIM = 8192
 
 
 def _on_error(exc: Exception) -> Response | None:
@@ -130,53 +126,9 @@ class BuiltinEngine:
         )
 
     def embeddings(self, req: Request) -> Response:
-        body = parse_json(req.body)
-        model = check_model(body, self.names)
-        inputs = body.get("input")
-        if isinstance(inputs, str) or (
-            isinstance(inputs, list)
-            and inputs
-            and all(isinstance(t, int) and not isinstance(t, bool) for t in inputs)
-        ):
-            inputs = [inputs]
-        if not isinstance(inputs, list) or not inputs:
-            raise ApiError(400, "input must be a string, a list of strings, or token ids", param="input")
-        fmt = body.get("encoding_format") or "float"
-        if fmt not in ("float", "base64"):
-            raise ApiError(400, "encoding_format must be 'float' or 'base64'", param="encoding_format")
-        dims = body.get("dimensions")
-        if dims is not None and (not isinstance(dims, int) or isinstance(dims, bool) or dims < 1):
-            raise ApiError(400, "dimensions must be a positive integer", param="dimensions")
-        if dims is not None and dims > MAX_EMBEDDING_DIM:
-            # A vector is built and serialised whole: an unbounded size is a memory bomb.
-            raise ApiError(
-                400, f"dimensions must be at most {MAX_EMBEDDING_DIM}, got {dims}", param="dimensions"
-            )
-        dim = dims or self.settings.embedding_dim
-        data, tokens = [], 0
-        for i, item in enumerate(inputs):
-            if isinstance(item, str):
-                tokens += count_tokens(item)
-                key = item.encode()
-            elif isinstance(item, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in item):
-                tokens += len(item)
-                key = orjson.dumps(item)
-            else:
-                raise ApiError(400, f"input[{i}] must be a string or a list of token ids", param="input")
-            vec = _embedding(key, dim)
-            emb: Any = base64.b64encode(struct.pack(f"<{dim}f", *vec)).decode() if fmt == "base64" else vec
-            data.append({"index": i, "object": "embedding", "embedding": emb})
         return json_response(
-            {
-                "id": f"embd-{hashlib.md5(req.body).hexdigest()}",
-                "object": "list",
-                "created": int(time.time()),
-                "model": model,
-                "data": data,
-                "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0,
-                          "prompt_tokens_details": None},
-            }
-        )  # fmt: skip
+            embeddings_body(parse_json(req.body), self.names, self.settings.embedding_dim, req.body)
+        )
 
     def models(self, req: Request) -> Response:
         return Response(200, models_body(self.names, self.started, self.settings.max_model_len))
@@ -378,19 +330,6 @@ class BuiltinEngine:
             await self._stop.wait()
         finally:
             await self.close()
-
-
-def _embedding(key: bytes, dim: int) -> list[float]:
-    """A unit vector that depends only on the input."""
-    raw = b""
-    counter = 0
-    while len(raw) < dim * 4:
-        raw += hashlib.blake2b(key + counter.to_bytes(4, "little"), digest_size=64).digest()
-        counter += 1
-    ints = struct.unpack(f"<{dim}i", raw[: dim * 4])
-    vec = [v / 2147483648.0 for v in ints]
-    norm = sum(v * v for v in vec) ** 0.5 or 1.0
-    return [v / norm for v in vec]
 
 
 def serve(settings: EngineOptions) -> int:
