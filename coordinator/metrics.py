@@ -143,6 +143,12 @@ class CoordinatorMetrics:
             "Streams continued on another path after their engine died or stalled mid-stream",
             registry=r,
         )
+        self.whole_folded = Counter(
+            "motor_coordinator_whole_folded",
+            "Whole (non-streamed) answers asked of their engine as a stream and folded into one "
+            "body, so that an engine failure midway can be continued (continue_whole_from_tokens)",
+            registry=r,
+        )
         self.whole_continuations = Counter(
             "motor_coordinator_whole_continuations",
             "Whole (non-streamed) answers continued on another path from the text folded so far "

@@ -226,6 +226,8 @@ class ProxyApp:
                 call.fold = WholeFold(route != "completions")
                 call.body = call.origin = streamed
                 call.raw = orjson.dumps(streamed)
+                if self.metrics is not None:
+                    self.metrics.whole_folded.inc()
         task = self._deadline(call) if self.request_timeout is not None else None
         try:
             await self.flows.run(call, plan)

@@ -93,6 +93,7 @@ class WholeFold:
         "prompt_details",
         "prompt_tokens",
         "reasoning",
+        "reasoning_key",
         "seg_counted",
         "seg_tokens",
         "segment",
@@ -103,6 +104,7 @@ class WholeFold:
         self.buf = b""
         self.parts: list[str] = []
         self.reasoning: list[str] = []
+        self.reasoning_key = "reasoning_content"
         self.id: str | None = None
         self.created: int | None = None
         self.model: str | None = None
@@ -159,9 +161,11 @@ class WholeFold:
             delta = c.get("delta")
             if isinstance(delta, dict):
                 text = delta.get("content")
-                thought = delta.get("reasoning_content") or delta.get("reasoning")
+                key = "reasoning_content" if delta.get("reasoning_content") else "reasoning"
+                thought = delta.get(key)
                 if isinstance(thought, str) and thought:
                     self.reasoning.append(thought)
+                    self.reasoning_key = key  # the engine's name for it (vLLM changed it)
                     self.continuable = False  # the continuation prompt carries content only
                 if delta.get("tool_calls"):
                     self.continuable = False
@@ -233,22 +237,20 @@ class WholeFold:
         return out
 
     def answer(self) -> dict[str, Any]:
-        """The chat.completion or text_completion vLLM answers for the same request whole."""
+        """The chat.completion or text_completion for the same request whole: OpenAI's fields,
+        and what the stream's chunks carried beyond them (a choice's `stop_reason` …). Fields an
+        engine sets only on a whole answer, and only ever null there (vLLM's `metrics`,
+        `kv_transfer_params` …), are not invented: no engine version agrees on them."""
         text = "".join(self.parts)
         choice: dict[str, Any]
         if self.chat:
-            message: dict[str, Any] = {
-                "role": "assistant",
-                "content": text,
-                "reasoning_content": "".join(self.reasoning) if self.reasoning else None,
-                "tool_calls": [],
-            }
+            message: dict[str, Any] = {"role": "assistant", "content": text}
+            if self.reasoning:
+                message[self.reasoning_key] = "".join(self.reasoning)
             choice = {"index": 0, "message": message, "logprobs": None, "finish_reason": self.finish}
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": self.finish}
         choice.update(self.extra)
-        if not self.chat:
-            choice.setdefault("prompt_logprobs", None)
         out: dict[str, Any] = {
             "id": self.id,
             "object": "chat.completion" if self.chat else "text_completion",
@@ -257,10 +259,8 @@ class WholeFold:
             "choices": [choice],
             "usage": self.usage(),
         }
-        if self.chat:
-            out["prompt_logprobs"] = None
-        out["system_fingerprint"] = self.fingerprint
-        out["kv_transfer_params"] = None
+        if self.fingerprint is not None:
+            out["system_fingerprint"] = self.fingerprint
         return out
 
     def error_answer(self) -> tuple[int, bytes]:

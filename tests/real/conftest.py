@@ -27,6 +27,8 @@ PD_PROMPTS = (
     "Tell me a story about a small robot who learned to count the stars in the night sky.",
 )
 MAX_TOKENS = 16
+# Past the coordinator's continue_whole_from_tokens (32): a whole answer takes the folded path.
+LONG = 40
 
 
 class Timings:

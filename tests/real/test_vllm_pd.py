@@ -18,7 +18,7 @@ import pytest
 
 from core.events import Role
 from tests.real.cluster import RealCluster, cluster_config, real_cluster
-from tests.real.conftest import MAX_TOKENS, PD_PROMPTS, Timings
+from tests.real.conftest import LONG, MAX_TOKENS, PD_PROMPTS, Timings
 from tests.real.pd_direct import connector_tokens, ensure_reference
 from tests.real.vllm_proc import (
     STARTUP_TIMEOUT,
@@ -85,6 +85,19 @@ async def test_pd_example_connector_equals_union_and_decode_hits_external_kv(
                 ]
                 assert plain.choices[0].message.content
                 assert "".join(pieces) == plain.choices[0].message.content
+                # A long whole answer is asked of the decode as a stream and folded (it could
+                # be continued if the decode died): the same text as the stream, 40 tokens.
+                long = {"max_tokens": LONG, "temperature": 0, "extra_body": {"ignore_eos": True}}
+                folded = await client.chat.completions.create(model="tiny", messages=chat, **long)
+                pieces = [
+                    ch.choices[0].delta.content or ""
+                    async for ch in await client.chat.completions.create(
+                        model="tiny", messages=chat, stream=True, **long
+                    )
+                    if ch.choices
+                ]
+                assert folded.usage is not None and folded.usage.completion_tokens == LONG
+                assert folded.choices[0].message.content == "".join(pieces)
         finally:
             await client.close()
         decode_metrics = get_text(f"{engine_url(rc, Role.DECODE)}/metrics")
@@ -96,7 +109,11 @@ async def test_pd_example_connector_equals_union_and_decode_hits_external_kv(
         assert metric(prefill_metrics, "vllm:prompt_tokens_total") > 0
         assert "External Cache Hit!" in rc.engine_log(Role.DECODE)
         # Each prefill leg generated exactly one token (the adapter's max_tokens=1).
-        assert metric(prefill_metrics, "vllm:generation_tokens_total") == len(PD_PROMPTS) + 2
+        assert metric(prefill_metrics, "vllm:generation_tokens_total") == len(PD_PROMPTS) + 4
+        assert (
+            metric(get_text(f"{rc.cluster.coordinator_url}/metrics"), "motor_coordinator_whole_folded_total")
+            == 1
+        )
 
 
 async def test_pd_nixl_smoke(

@@ -19,8 +19,9 @@ import pytest
 
 from core.events import InstanceState, Role
 from tests.real.cluster import RealCluster, cluster_config, engine_pid, group_members, real_cluster
-from tests.real.conftest import MAX_TOKENS, PD_PROMPTS, Timings
-from tests.real.vllm_proc import STARTUP_TIMEOUT, engine_section
+from tests.real.conftest import LONG, MAX_TOKENS, PD_PROMPTS, Timings
+from tests.real.vllm_proc import STARTUP_TIMEOUT, engine_section, get_text, metric
+from tests.shapes import same_information
 
 pytestmark = [pytest.mark.real, pytest.mark.timeout(1800)]
 
@@ -98,6 +99,40 @@ async def test_union_serves_chat_and_completions_through_the_coordinator(
     assert "-m vllm.entrypoints.cli.main serve" in union.engine_log(Role.UNION)
     rpc = Path(tempfile.gettempdir()) / "motor-vllm" / f"127.0.0.1-{union.engine_port(Role.UNION)}" / "rpc"
     assert any(rpc.iterdir()), f"no vLLM sockets in {rpc}"
+
+
+async def test_a_long_whole_answer_is_vllms_own_body_folded_from_its_stream(union: RealCluster) -> None:
+    """A whole answer of `continue_whole_from_tokens` or more is asked of vLLM as a stream (with
+    its usage in every chunk, so that a cut could be continued) and folded: the client gets the
+    body vLLM answers for the same request whole, keys, text, finish_reason and usage alike."""
+    import aiohttp
+    import orjson
+
+    base, engine = union.cluster.coordinator_url, f"http://127.0.0.1:{union.engine_port(Role.UNION)}"
+    common = {"model": "tiny", "max_tokens": LONG, "temperature": 0, "ignore_eos": True}
+    bodies = {
+        "/v1/completions": {**common, "prompt": "Hello, the controller"},
+        "/v1/chat/completions": {**common, "messages": CHAT},
+    }
+
+    def folded() -> float:
+        return metric(get_text(f"{base}/metrics"), "motor_coordinator_whole_folded_total")
+
+    async with aiohttp.ClientSession() as s:
+        before = folded()
+        for path, body in bodies.items():
+            async with s.post(f"{engine}{path}", json=body) as r:
+                own = orjson.loads(await r.read())
+                assert r.status == 200, own
+            async with s.post(f"{base}{path}", json=body) as r:
+                via = orjson.loads(await r.read())
+                assert r.status == 200, via
+            # Every value vLLM's own answer carries is in the folded one; what the fold adds is
+            # in vLLM's answer too. Only null vendor fields a stream never shows may be missing
+            # (0.32's `metrics`, `service_tier`, `ec_transfer_params`, `routed_experts` …).
+            assert same_information(via, own, skip={"id", "created"}), (path, via, own)
+            assert via["usage"]["completion_tokens"] == LONG
+        assert folded() - before == len(bodies)  # both were folded, not passed through whole
 
 
 async def test_seed003_routes_vllm_serves_pass_through_the_coordinator(union: RealCluster) -> None:
