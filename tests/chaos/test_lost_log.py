@@ -32,9 +32,6 @@ async def test_log_tail_lost(chaos: ChaosCluster, how: str) -> None:
     assert state is not None
     pids = {e.port: pid_on(e.port) for e in engines(state)}
 
-    def holds_the_truth(s: ClusterState) -> bool:
-        return converged(s) and {e.port for e in engines(s)} >= set(pids)
-
     async with sc.traffic():
         nc = chaos.admin
         if how == "purge":
@@ -42,15 +39,8 @@ async def test_log_tail_lost(chaos: ChaosCluster, how: str) -> None:
         else:
             t = sc.fault(await recreate_motor(nc, chaos.cfg.nats, chaos.cfg.controller.lease_ttl))
             sc.seq0 = 0  # the stream starts again from 1: all of it is this scenario's
-        try:
-            await chaos.wait_until(
-                "a fold of MOTOR with every running instance ACTIVE", holds_the_truth, LOG_TRUTH_WITHIN
-            )
-            truth: float | None = time.time() - t
-        except AssertionError:
-            truth = None
+        await log_holds_the_truth(sc, pids, t)
         took = await sc.converge(t)
-    sc.check(inv.reconverged(truth, LOG_TRUTH_WITHIN, "a fold of MOTOR shows every running instance ACTIVE"))
     entries = await sc.common(fault_ended=t, took=took)
     sc.check(inv.engines_kept(pids, {p: pid_on(p) for p in pids}, entries, t))
     sc.finish()
@@ -82,24 +72,14 @@ async def test_log_tail_lost_then_both_controllers_killed(chaos: ChaosCluster) -
     )
     before = {n: chaos.cluster.restarts(n) for n in names}
 
-    def holds_the_truth(s: ClusterState) -> bool:
-        return converged(s) and {e.port for e in engines(s)} >= set(pids)
-
     async with sc.traffic():
         t = sc.fault(await purge_motor(chaos.admin))
         for n in names:
             kill_child(chaos.cluster, n)
         for n in names:
             await until_restarted(chaos, n, before[n])
-        try:
-            await chaos.wait_until(
-                "a fold of MOTOR with every running instance ACTIVE", holds_the_truth, LOG_TRUTH_WITHIN
-            )
-            truth: float | None = time.time() - t
-        except AssertionError:
-            truth = None
+        await log_holds_the_truth(sc, pids, t)
         took = await sc.converge(t)
-    sc.check(inv.reconverged(truth, LOG_TRUTH_WITHIN, "a fold of MOTOR shows every running instance ACTIVE"))
     entries = await sc.common(fault_ended=t, killed=tuple(names), took=took)
     reigns = [e.data.get("term", 0) for e in entries if e.type == "controller.leader_changed" and e.ts >= t]
     exhausted = [e for e in entries if e.type == "fault.reported" and e.ts >= t]
@@ -127,3 +107,17 @@ async def _until_applied(chaos: ChaosCluster, since_seq: int, cids: set[str], wi
             return
         assert time.monotonic() < deadline, f"commands not applied within {within}s: {cids - done}"
         await asyncio.sleep(0.2)  # re-reading the log: nothing to await
+
+
+async def log_holds_the_truth(sc: Scenario, pids: dict[int, int | None], since: float) -> None:
+    """Invariant 8: a fold of what MOTOR holds shows every running instance ACTIVE again."""
+
+    def holds(s: ClusterState) -> bool:
+        return converged(s) and {e.port for e in engines(s)} >= set(pids)
+
+    try:
+        await sc.cc.wait_until("a fold of MOTOR with every running instance ACTIVE", holds, LOG_TRUTH_WITHIN)
+        truth: float | None = time.time() - since
+    except AssertionError:
+        truth = None
+    sc.check(inv.reconverged(truth, LOG_TRUTH_WITHIN, "a fold of MOTOR shows every running instance ACTIVE"))
