@@ -261,9 +261,7 @@ def answer_folded(call: Call, ep: Endpoint) -> None:
     body = orjson.dumps(resp)
     call.resp_body = [body]
     if call.anthropic:
-        from coordinator.anthropic import chat_to_message
-
-        body = orjson.dumps(chat_to_message(resp, call.model or ""))
+        body = _to_anthropic(call)(200, body)
     call.send(200, body)
 
 
