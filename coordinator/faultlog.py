@@ -249,7 +249,7 @@ class FaultLog:
         if not key.startswith("ext/"):
             node, _, eid = key.rpartition("/")
             node_id = node
-            endpoint_id = int(eid) if eid.isdigit() else None
+            endpoint_id = int(eid) if eid.isascii() and eid.isdigit() else None
         role: Role | None = ep.role if ep is not None else None
         return {
             "endpoint": key,

@@ -65,7 +65,7 @@ async def _json_body(request: Request, ctx: CoordinatorContext) -> Any:
     """The request's JSON body; 413 over the limit, 400 when it is not JSON."""
     limit = ctx.settings.max_body_bytes
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
+    if declared is not None and declared.isascii() and declared.isdigit() and int(declared) > limit:
         raise CoordinatorError(413, f"request body over the limit of {limit} bytes", code="body_too_large")
     raw = b""
     async for chunk in request.stream():

@@ -331,7 +331,8 @@ def _ext_id(raw: Any) -> int | None:
         return None
     if isinstance(raw, int):
         return raw
-    if isinstance(raw, str) and raw.strip().lstrip("-").isdigit():
+    # isdigit() alone takes '¹' or '٣', which int() refuses: ASCII digits only.
+    if isinstance(raw, str) and (digits := raw.strip().lstrip("-")).isascii() and digits.isdigit():
         return int(raw)
     return None
 

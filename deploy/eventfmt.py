@@ -27,7 +27,7 @@ Position = tuple[str, float]  # ("seq", n) or ("time", unix seconds)
 def parse_position(text: str, flag: str, *, now: float | None = None) -> Position:
     """A stream sequence (`120`), an age (`10m`, `2h`), Unix seconds (`1764410000.5`) or ISO 8601."""
     text = text.strip()
-    if text.isdigit():
+    if text.isascii() and text.isdigit():  # not '¹', which int() refuses
         return ("seq", int(text))
     m = _AGE.match(text)
     if m:

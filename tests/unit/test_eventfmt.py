@@ -27,7 +27,7 @@ def test_parse_position(text: str, want: tuple[str, float]) -> None:
     assert parse_position(text, "--since", now=NOW) == want
 
 
-@pytest.mark.parametrize("text", ["yesterday", "10x", "-5", ""])
+@pytest.mark.parametrize("text", ["yesterday", "10x", "-5", "", "¹"])
 def test_bad_position_names_the_flag(text: str) -> None:
     with pytest.raises(BadArgument, match="--until"):
         parse_position(text, "--until", now=NOW)
