@@ -1,12 +1,14 @@
 """The local cluster launcher behind `motor up` (and the whole-cluster tests).
 
-Starts nats-server (embedded, data under `.motor/`, unless an external URL is given), a
-controller leader and a standby, one or more coordinator replicas (sharing one port with
+Starts nats-server (embedded, data under `.motor/`, unless an external URL is given; with
+`nats_cluster` N a JetStream cluster of N, `deploy.natscluster`), a controller leader and a standby, one or more coordinator replicas (sharing one port with
 `SO_REUSEPORT`) and one node agent per node the config needs, each as its own process with its
 log under `.motor/logs/`. Every child carries the marker `MOTOR_UP_SESSION` in its
 environment, so `stop()` also finds the engine processes the node agents started in their own
 process groups. With `supervise` (the default) a process that exits on its own is started
 again with backoff (`deploy.supervise`); `stop()` is deliberate and restarts nothing.
+Every process runs on a `Host` (`deploy.hosts`): this machine for `motor up`; hosts in
+network namespaces for tests/multihost, where `placement` names each process's host.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ import orjson
 from core.config import ClusterConfig
 from core.events import Role
 from core.ids import new_id
+from deploy.hosts import LOCAL, Host
+from deploy.natscluster import SINGLE, NatsCluster, plan_members
 from deploy.supervise import Backoff, Notice, Supervisor, Watch, wait_popen
 from deploy.sweep import session_pids, stop_strays, wait_for_exit
 from streams.connection import NatsOptions
@@ -36,13 +40,20 @@ from streams.server import EmbeddedNats
 if TYPE_CHECKING:
     from deploy.natsauth import ClusterAuth
 
-NATS = "nats-server"  # the supervised name of the embedded server
+NATS = SINGLE  # the supervised name of the embedded server (of each member: `nats-n1` …)
+MAX_REPLICAS = 5  # JetStream's limit on a stream's replicas
+
+
+# NATS's own conventions (4222 clients, 6222 routes, 8222 monitoring), kept for another base.
+NATS_ROUTE_OFFSET = 2000
+NATS_MONITOR_OFFSET = 4000
 
 
 @dataclass(frozen=True)
 class Ports:
-    nats: int = 4222
-    nats_monitor: int = 8222
+    nats: int = 4222  # member i of a NATS cluster: each NATS port + i
+    nats_monitor: int = 4222 + NATS_MONITOR_OFFSET
+    nats_route: int = 4222 + NATS_ROUTE_OFFSET
     coordinator: int = 8000
     controller: int = 8100
     nodeagent: int = 8200
@@ -65,6 +76,7 @@ class Child:
     log: Path
     proc: subprocess.Popen[bytes] | None = None
     env: dict[str, str] | None = None  # extra environment, kept for a restart
+    host: Host = LOCAL
 
 
 @dataclass
@@ -72,7 +84,8 @@ class LocalCluster:
     cfg: ClusterConfig
     root: Path = Path(".motor")
     ports: Ports = field(default_factory=Ports)
-    nats_url: str | None = None  # external server; None = start the embedded one
+    nats_url: str | None = None  # external server(s), comma-separated; None = start the embedded one
+    nats_cluster: int = 1  # embedded servers: 1, or a JetStream cluster of N (routes, replicas N)
     nodes: int | None = None  # node agents to run; None = what the config needs
     standby: bool = True
     coordinators: int = 1  # replicas sharing the coordinator port (SO_REUSEPORT when > 1)
@@ -82,14 +95,64 @@ class LocalCluster:
     extra_env: dict[str, str] = field(default_factory=dict)
     session: str = field(default_factory=lambda: new_id()[:16])
     children: list[Child] = field(default_factory=list)
+    hosts: list[Host] = field(default_factory=lambda: [LOCAL])
+    # process name (`controller-c1`, `coordinator-2`, `nodeagent-<node>`, `nats-n1`) -> host
+    # name; a process not named runs on the first host
+    placement: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.coordinators < 1:
             raise ValueError(f"coordinators: at least 1, got {self.coordinators}")
+        if self.nats_cluster < 1:
+            raise ValueError(f"nats cluster: at least 1 server, got {self.nats_cluster}")
+        if self.nats_cluster > 1 and self.nats_url is not None:
+            raise ValueError("a NATS cluster is started only without an external NATS URL")
+        if not self.hosts:
+            raise ValueError("hosts: at least one")
+        self.cfg = self._with_replicas(self.cfg)
         self.root = self.root.resolve()
-        self._nats: EmbeddedNats | None = None
+        self._nats: NatsCluster | None = None
         self.auth: ClusterAuth | None = None  # the embedded server's users (deploy.natsauth)
         self.supervisor = Supervisor(self.backoff, self.on_notice)
+        self.nats_members = plan_members(
+            self.nats_cluster,
+            [
+                self.host(self.placement.get(f"nats-n{i + 1}", self.hosts[0].name))
+                for i in range(self.nats_cluster)
+            ],
+            port=self.ports.nats,
+            monitor_port=self.ports.nats_monitor,
+            route_port=self.ports.nats_route,
+        )
+
+    def _with_replicas(self, cfg: ClusterConfig) -> ClusterConfig:
+        """The config with `nats.replicas` fit for the cluster: N when the file left it unset."""
+        if self.nats_url is not None:
+            return cfg
+        nats = cfg.nats
+        if "replicas" in nats.model_fields_set:
+            if nats.replicas > self.nats_cluster:
+                raise ValueError(
+                    f"nats.replicas is {nats.replicas} but only {self.nats_cluster} nats-server "
+                    f"{'runs' if self.nats_cluster == 1 else 'run'}: use --nats-cluster {nats.replicas} "
+                    "or lower nats.replicas"
+                )
+            return cfg
+        want = min(self.nats_cluster, MAX_REPLICAS)
+        if want == nats.replicas:
+            return cfg
+        return cfg.model_copy(update={"nats": nats.model_copy(update={"replicas": want})})
+
+    def host(self, name: str) -> Host:
+        """The host called `name`."""
+        for h in self.hosts:
+            if h.name == name:
+                return h
+        raise KeyError(f"no host {name!r} (hosts: {', '.join(h.name for h in self.hosts)})")
+
+    def host_of(self, process: str) -> Host:
+        """The host a process runs on."""
+        return self.host(self.placement.get(process, self.hosts[0].name))
 
     # ------------------------------------------------------------------ plan
 
@@ -121,15 +184,26 @@ class LocalCluster:
 
     @property
     def url(self) -> str:
-        return self.nats_url or f"nats://127.0.0.1:{self.ports.nats}"
+        """Every NATS server's URL, comma-separated (what each process is given)."""
+        return self.nats_url or ",".join(m.url for m in self.nats_members)
 
     @property
     def coordinator_url(self) -> str:
-        return f"http://{self.cfg.coordinator.host}:{self.ports.coordinator}"
+        return self.coordinator_urls()[0]
+
+    def coordinator_urls(self) -> list[str]:
+        """Where each coordinator replica answers (replicas on one host share one URL)."""
+        out: list[str] = []
+        for name in self.coordinator_names():
+            url = f"http://{self.host_of(name).bind(self.cfg.coordinator.host)}:{self.ports.coordinator}"
+            if url not in out:
+                out.append(url)
+        return out
 
     @property
     def controller_url(self) -> str:
-        return f"http://{self.cfg.controller.host}:{self.ports.controller}"
+        name = self.controller_names()[0]
+        return f"http://{self.host_of(name).bind(self.cfg.controller.host)}:{self.ports.controller}"
 
     @property
     def logs(self) -> Path:
@@ -152,16 +226,16 @@ class LocalCluster:
         cfg_path = self.root / "cluster.json"
         cfg_path.write_bytes(orjson.dumps(self.cfg.model_dump(mode="json"), option=orjson.OPT_INDENT_2))
         if self.nats_url is None:
-            from deploy.natsauth import prepare
+            from deploy.natsauth import prepare, route_password
 
             nodes = [p.node_id for p in self.node_plan()]
             self.auth = await asyncio.to_thread(prepare, self.root, nodes, self.cfg.nats)  # may run openssl
-            nats = EmbeddedNats(
-                self.root / "nats",
-                port=self.ports.nats,
-                monitor_port=self.ports.nats_monitor,
-                log_file=self.logs / "nats-server.log",
+            nats = NatsCluster(
+                self.root,
+                self.nats_members,
+                self.logs,
                 extra_conf=self.auth.server_conf(),
+                route_password=route_password(self.root) if self.nats_cluster > 1 else None,
             )
             await nats.start()
             self._nats = nats
@@ -171,8 +245,9 @@ class LocalCluster:
         common = ["--config", str(cfg_path), "--nats-url", self.url]
         ids = ["c1", "c2"] if self.standby else ["c1"]
         for i, cid in enumerate(ids):
+            name = f"controller-{cid}"
             self._spawn(
-                f"controller-{cid}",
+                name,
                 [
                     *py,
                     "controller",
@@ -180,7 +255,7 @@ class LocalCluster:
                     "--id",
                     cid,
                     "--host",
-                    self.cfg.controller.host,
+                    self.host_of(name).bind(self.cfg.controller.host),
                     "--port",
                     str(self.ports.controller + i),
                 ],
@@ -194,7 +269,7 @@ class LocalCluster:
                     "coordinator",
                     *common,
                     "--host",
-                    self.cfg.coordinator.host,
+                    self.host_of(name).bind(self.cfg.coordinator.host),
                     "--port",
                     str(self.ports.coordinator),
                     "--name",
@@ -203,8 +278,9 @@ class LocalCluster:
                 ],
             )
         for plan in self.node_plan():
+            name = f"nodeagent-{plan.node_id}"
             self._spawn(
-                f"nodeagent-{plan.node_id}",
+                name,
                 [
                     *py,
                     "nodeagent",
@@ -214,7 +290,7 @@ class LocalCluster:
                     "--role",
                     plan.role.value,
                     "--ip",
-                    "127.0.0.1",
+                    self.host_of(name).ip,
                     "--port",
                     str(plan.port),
                     "--engine-port-base",
@@ -245,6 +321,7 @@ class LocalCluster:
 
     def _spawn(self, name: str, argv: list[str], extra: dict[str, str] | None = None) -> Child:
         log = self.logs / f"{name}.log"
+        host = self.host_of(name)
         env = {
             **os.environ,
             **self.extra_env,
@@ -258,14 +335,14 @@ class LocalCluster:
             fh.write(f"--- {time.strftime('%H:%M:%S')} starting {name}\n".encode())
             fh.flush()
             proc = subprocess.Popen(
-                argv,
+                [*host.prefix(), *argv],
                 stdout=fh,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 env=env,
                 start_new_session=True,
             )
-        child = Child(name, argv, log, proc, extra)
+        child = Child(name, argv, log, proc, extra, host)
         self.children.append(child)
         return child
 
@@ -274,9 +351,15 @@ class LocalCluster:
     def _supervise_all(self) -> None:
         for c in list(self.children):
             self._watch_child(c.name)
-        nats = self._nats
-        if nats is not None:
-            self.supervisor.watch(Watch(NATS, lambda: nats.pid, nats.wait, nats.start))
+        if self._nats is not None:
+            for member in self._nats.members:
+                server = self._nats.server(member.name)
+                name = self._nats.process_name(member)
+                self.supervisor.watch(Watch(name, self._pid_of(server), server.wait, server.start))
+
+    @staticmethod
+    def _pid_of(server: EmbeddedNats) -> Callable[[], object]:
+        return lambda: server.pid
 
     def _watch_child(self, name: str) -> None:
         def current() -> object:
@@ -300,7 +383,13 @@ class LocalCluster:
 
     @property
     def nats(self) -> EmbeddedNats:
-        """The embedded nats-server (a test stops, freezes and restarts it on the same store)."""
+        """The embedded nats-server, the first member of a cluster (a test stops, freezes and
+        restarts it on the same store)."""
+        return self.nats_servers.server(self.nats_members[0].name)
+
+    @property
+    def nats_servers(self) -> NatsCluster:
+        """Every embedded nats-server."""
         if self._nats is None:
             raise RuntimeError("this cluster uses an external NATS")
         return self._nats

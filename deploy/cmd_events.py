@@ -1,4 +1,4 @@
-"""`motor events ls|view|sub|export|import`: look at the log without the nats CLI.
+"""`motor events ls|view|sub|export|import|acked`: look at the log without the nats CLI.
 
 Subjects and bodies are plain JSON, so what `view --json` prints is what natscli would
 show; tables are for people, `--json` (one object a line, the export format) for scripts.
@@ -66,6 +66,15 @@ def register(sub: Any) -> None:
     im.add_argument("file", metavar="FILE.jsonl")
     _common(im, _import)
     im.set_defaults(nats_login="admin")  # it writes any subject: motor up's `admin` user
+
+    ak = esub.add_parser(
+        "acked",
+        help="check that every event JetStream acknowledged (MOTOR_ACK_JOURNAL=DIR) is still in the log",
+    )
+    ak.add_argument("journal", metavar="DIR", help="the directory MOTOR_ACK_JOURNAL named (or one .jsonl)")
+    ak.add_argument("--stream", default="MOTOR", help="stream to check (default %(default)s)")
+    ak.add_argument("--json", action="store_true", help="print the result as JSON")
+    _common(ak, _acked)
 
 
 def _common(parser: argparse.ArgumentParser, func: Any) -> None:
@@ -204,3 +213,54 @@ async def _import(args: argparse.Namespace) -> int:
         await nc.close()
     print(f"imported {n} messages from {args.file}", file=sys.stderr)
     return 0
+
+
+async def _acked(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    import orjson
+
+    from streams.ackjournal import audit, event_id, read_journal
+    from streams.reader import read_deliveries
+
+    where = Path(args.journal)
+    try:
+        acks = await asyncio.to_thread(lambda: list(read_journal(where)))
+    except FileNotFoundError:
+        print(
+            f"{PROG} acked: no journal at {where} (set MOTOR_ACK_JOURNAL=DIR for the processes)",
+            file=sys.stderr,
+        )
+        return 2
+    nc = await _connect(args)
+    ids: dict[str, int] = {}
+    try:
+        async for d in read_deliveries(nc, args.stream):
+            eid = event_id(d.data)
+            if eid is not None:
+                ids.setdefault(eid, d.seq)
+    finally:
+        await nc.close()
+    result = audit(acks, args.stream, ids)
+    if args.json:
+        print(
+            orjson.dumps(
+                {
+                    "stream": result.stream,
+                    "acked": result.acked,
+                    "missing": [{"id": a.id, "type": a.type, "seq": a.seq} for a in result.missing],
+                    "moved": [{"id": a.id, "acked_seq": a.seq, "log_seq": seq} for a, seq in result.moved],
+                }
+            ).decode()
+        )
+    elif result.kept:
+        moved = f" ({len(result.moved)} at another sequence than acknowledged)" if result.moved else ""
+        print(f"{result.acked} acknowledged events of {result.stream}: every one is in the log{moved}")
+    else:
+        print(
+            f"{len(result.missing)} of {result.acked} acknowledged events of {result.stream} are "
+            "not in the log:"
+        )
+        for a in result.missing[:50]:
+            print(f"  seq {a.seq}  {a.type}  {a.id}")
+    return 0 if result.kept else 1

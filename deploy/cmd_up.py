@@ -14,6 +14,9 @@ from typing import Any
 
 from deploy.common import add_nats_args, load_config_file, nats_options, unreachable_hint
 
+MAX_NATS_CLUSTER = 7  # JetStream streams hold at most 5 replicas; more servers only spread load
+PLACEMENT_EVERY = 2.0  # seconds between asks of who leads the MOTOR stream
+
 
 def register(sub: Any) -> None:
     up = sub.add_parser("up", help="run a local cluster (nats-server, controllers, coordinator, node agents)")
@@ -31,6 +34,22 @@ def register(sub: Any) -> None:
         default=None,
         help="use this external NATS instead of starting one; every process logs in with the "
         "credentials of the environment (MOTOR_NATS_CONTEXT, MOTOR_NATS_USER/PASSWORD, MOTOR_NATS_CREDS)",
+    )
+    up.add_argument(
+        "--nats-cluster",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run a JetStream cluster of N nats-servers (routes between them, streams at replicas N, "
+        "each store under <root>/nats/nN/); default 1",
+    )
+    up.add_argument(
+        "--nats-port",
+        type=int,
+        default=4222,
+        metavar="PORT",
+        help="client port of the embedded nats-server (member i of a cluster: PORT+i; routes on "
+        "PORT+2000+i, monitoring on PORT+4000+i); default %(default)s",
     )
     up.add_argument("--root", default=".motor", help="state dir: NATS data, logs (default %(default)s)")
     up.add_argument("--no-live", action="store_true", help="print status lines instead of a live table")
@@ -71,17 +90,41 @@ def _up(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 2
-    from deploy.cluster import LocalCluster, Ports
+    from deploy.cluster import NATS_MONITOR_OFFSET, NATS_ROUTE_OFFSET, LocalCluster, Ports
     from deploy.localports import one_machine_ports
 
     if args.coordinators < 1:
         print(f"motor up: --coordinators: at least 1, got {args.coordinators}", file=sys.stderr)
         return 2
+    if args.nats_cluster < 1 or args.nats_cluster > MAX_NATS_CLUSTER:
+        print(
+            f"motor up: --nats-cluster: 1 to {MAX_NATS_CLUSTER} servers, got {args.nats_cluster}",
+            file=sys.stderr,
+        )
+        return 2
+    if args.nats_cluster > 1 and args.nats_url is not None:
+        print(
+            "motor up: --nats-cluster starts its own servers; it cannot be used with --nats-url",
+            file=sys.stderr,
+        )
+        return 2
 
+    highest = 65535 - NATS_MONITOR_OFFSET - args.nats_cluster
+    if not 1 <= args.nats_port <= highest:
+        print(f"motor up: --nats-port: 1 to {highest}, got {args.nats_port}", file=sys.stderr)
+        return 2
+    nats_ports = [
+        args.nats_port + off + i
+        for off in (0, NATS_ROUTE_OFFSET, NATS_MONITOR_OFFSET)
+        for i in range(args.nats_cluster)
+    ]
     needed = sum(sec.instances * sec.nodes_per_instance() for sec in cfg.sections().values())
     try:
         cfg, notes = one_machine_ports(
-            cfg, args.nodes if args.nodes is not None else needed, not args.no_standby
+            cfg,
+            args.nodes if args.nodes is not None else needed,
+            not args.no_standby,
+            nats_ports if args.nats_url is None else (),
         )
     except ValueError as exc:
         print(f"motor up: {exc}", file=sys.stderr)
@@ -89,31 +132,37 @@ def _up(args: argparse.Namespace) -> int:
     for note in notes:
         print(f"motor up: {note}", file=sys.stderr)
     ports = Ports(
+        nats=args.nats_port,
+        nats_monitor=args.nats_port + NATS_MONITOR_OFFSET,
+        nats_route=args.nats_port + NATS_ROUTE_OFFSET,
         coordinator=cfg.coordinator.port,
         controller=cfg.controller.port,
         nodeagent=cfg.nodeagent.port_base,
         engine=cfg.nodeagent.engine_port_base,
     )
-    cluster = LocalCluster(
-        cfg,
-        root=Path(args.root),
-        ports=ports,
-        nats_url=args.nats_url,
-        nodes=args.nodes,
-        standby=not args.no_standby,
-        coordinators=args.coordinators,
-        supervise=not args.no_restart,
-    )
-    busy = [
-        (what, p)
-        for what, p in (
-            ("NATS", ports.nats if args.nats_url is None else None),
-            ("NATS monitoring", ports.nats_monitor if args.nats_url is None else None),
-            ("coordinator", ports.coordinator),
-            ("controller", ports.controller),
+    try:
+        cluster = LocalCluster(
+            cfg,
+            root=Path(args.root),
+            ports=ports,
+            nats_url=args.nats_url,
+            nats_cluster=args.nats_cluster,
+            nodes=args.nodes,
+            standby=not args.no_standby,
+            coordinators=args.coordinators,
+            supervise=not args.no_restart,
         )
-        if p is not None and not _port_free("127.0.0.1", p)
-    ]
+    except ValueError as exc:
+        print(f"motor up: {exc}", file=sys.stderr)
+        return 2
+    wanted: list[tuple[str, int]] = [("coordinator", ports.coordinator), ("controller", ports.controller)]
+    if args.nats_url is None:
+        for m in cluster.nats_members:
+            label = "NATS" if cluster.nats_cluster == 1 else f"NATS {m.name}"
+            wanted += [(label, m.port), (f"{label} monitoring", m.monitor_port)]
+            if cluster.nats_cluster > 1:
+                wanted.append((f"{label} routes", m.route_port))
+    busy = [(what, p) for what, p in wanted if not _port_free("127.0.0.1", p)]
     if busy:
         names = ", ".join(f"{what} port {p}" for what, p in busy)
         print(
@@ -134,6 +183,8 @@ async def _run_up(cluster: Any, *, live: bool) -> int:
     from deploy.status import ready_summary, status_table
     from deploy.watch import StateWatcher
     from streams.connection import connect
+    from streams.definitions import MOTOR_STREAM
+    from streams.placement import StreamPlacement, stream_placement
 
     console = Console()
 
@@ -162,14 +213,18 @@ async def _run_up(cluster: Any, *, live: bool) -> int:
             console.print(f"logs: {cluster.logs}")
             return 1
     coords = "coordinator" if cluster.coordinators == 1 else f"{cluster.coordinators} coordinators"
+    servers = "nats" if cluster.nats_cluster == 1 else f"a NATS cluster of {cluster.nats_cluster}"
     console.print(
-        f"[green]started[/] nats ({cluster.url}), controller{'s c1+c2' if cluster.standby else ' c1'}, "
+        f"[green]started[/] {servers} ({cluster.url}), controller{'s c1+c2' if cluster.standby else ' c1'}, "
         f"{coords}, {len(plan)} node agents ({', '.join(p.node_id for p in plan)}) — logs in {cluster.logs}"
         + ("" if cluster.supervise else " (crashed processes stay down: --no-restart)")
     )
     nc = await connect(cluster.client_options("inspect"), name="motor-up")
     watcher = StateWatcher(nc)
     await watcher.start()
+    js = nc.jetstream()
+    placement: StreamPlacement | None = None
+    asked = 0.0
     announced = False
     reported: set[str] = set()
     code = 0
@@ -178,13 +233,18 @@ async def _run_up(cluster: Any, *, live: bool) -> int:
         if live:
             from rich.live import Live
 
-            live_ctx = Live(status_table(watcher.state, time.time()), console=console, refresh_per_second=2)
+            live_ctx = Live(
+                status_table(watcher.state, time.time(), placement), console=console, refresh_per_second=2
+            )
         with live_ctx as lv:
             last_line = 0.0
             while not stop.is_set():
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), timeout=0.5)
                 state = watcher.state
+                if time.monotonic() - asked > PLACEMENT_EVERY:
+                    asked = time.monotonic()
+                    placement = await stream_placement(js, MOTOR_STREAM)
                 for child in cluster.exited():
                     if child.name not in reported:
                         reported.add(child.name)
@@ -199,13 +259,14 @@ async def _run_up(cluster: Any, *, live: bool) -> int:
                     took = time.monotonic() - t0
                     console.print(_urls(cluster, state, took), soft_wrap=True)
                 if lv is not None:
-                    lv.update(status_table(state, time.time()))
+                    lv.update(status_table(state, time.time(), placement))
                 elif time.monotonic() - last_line > 5:
                     last_line = time.monotonic()
                     restarts = sum(w.restarts for w in cluster.supervisor.watches.values())
                     console.print(
                         f"{time.strftime('%H:%M:%S')} instances active {active}/{total}, nodes {len(state.nodes)}"
                         + (f", {restarts} restarts" if restarts else "")
+                        + (f", {placement.describe()}" if placement is not None else "")
                     )
     finally:
         await watcher.stop()
@@ -213,7 +274,8 @@ async def _run_up(cluster: Any, *, live: bool) -> int:
         with console.status("stopping…"):
             n = await cluster.stop()
         console.print(
-            f"stopped {n} processes (controllers, coordinator, node agents, engines) and nats-server"
+            f"stopped {n} processes (controllers, coordinator, node agents, engines) and "
+            + ("nats-server" if cluster.nats_cluster == 1 else f"{cluster.nats_cluster} nats-servers")
         )
     return code
 
@@ -254,14 +316,17 @@ def _status(args: argparse.Namespace) -> int:
     from deploy.status import status_table
     from deploy.watch import snapshot_state
     from streams.connection import connect
+    from streams.definitions import MOTOR_STREAM
+    from streams.placement import stream_placement
 
     async def go() -> int:
         nc = await asyncio.wait_for(connect(nats_options(args), name="motor-status"), timeout=5)
         try:
             state = await snapshot_state(nc)
+            placement = await stream_placement(nc.jetstream(), MOTOR_STREAM)
         finally:
             await nc.close()
-        Console().print(status_table(state, time.time()))
+        Console().print(status_table(state, time.time(), placement))
         return 0
 
     from streams.errors import StreamsError

@@ -8,6 +8,8 @@ later component whose ports overlap earlier ones moves to Motor's default, said 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from core.config import ClusterConfig, ControllerConfig, NodeAgentConfig
 
 NATS_PORTS = (4222, 8222)
@@ -15,10 +17,10 @@ ENGINE_STRIDE = 100  # deploy.cluster.Ports.engine_stride
 
 
 def one_machine_ports(
-    cfg: ClusterConfig, nodes: int, standby: bool = True
+    cfg: ClusterConfig, nodes: int, standby: bool = True, nats_ports: Iterable[int] = NATS_PORTS
 ) -> tuple[ClusterConfig, list[str]]:
     """`cfg` with overlapping ports moved to Motor's defaults, and a note per move."""
-    taken: set[int] = set(NATS_PORTS)
+    taken: set[int] = set(nats_ports)
     notes: list[str] = []
     co = cfg.coordinator
     taken.add(co.port)

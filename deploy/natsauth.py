@@ -108,7 +108,7 @@ class ClusterAuth:
 
     def options(self, user: str, url: str) -> NatsOptions:
         """Connection options of `user` for an in-process client (motor up itself, tests)."""
-        return NatsOptions.from_credentials(self.credentials(user, url), [url])
+        return NatsOptions.from_credentials(self.credentials(user, url), split_urls(url))
 
     def child_env(self, env: dict[str, str], child: str) -> dict[str, str]:
         """The environment of a child process of the cluster: its role's context file, by name.
@@ -156,6 +156,25 @@ def prepare(root: Path, node_ids: Iterable[str], nats: NatsConfig) -> ClusterAut
     if nats.require_tls:
         auth.tls = server_tls(root, nats)
     return auth
+
+
+ROUTE_SECRET = "route.secret"
+
+
+def route_password(root: Path) -> str:
+    """The password the members of a NATS cluster route with (made once, kept under `auth/`)."""
+    d = root / AUTH_DIR
+    _private_dir(d)
+    path = d / ROUTE_SECRET
+    with contextlib.suppress(OSError):
+        old = path.read_text().strip()
+        if old:
+            return old
+    password = secrets.token_urlsafe(24)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(password + "\n")
+    return password
 
 
 def server_tls(root: Path, nats: NatsConfig) -> TlsFiles:

@@ -6,6 +6,7 @@ from rich.table import Table
 
 from core.events import EndpointStatus, InstanceState
 from core.state import ClusterState
+from streams.placement import StreamPlacement
 
 STATE_STYLE = {
     InstanceState.ACTIVE: "green",
@@ -31,8 +32,9 @@ def _age(now: float, ts: float | None) -> str:
     return f"{max(0.0, now - ts):.0f}s ago"
 
 
-def status_table(state: ClusterState, now: float) -> Table:
-    """Instances with roles, states, endpoints and load; then nodes not in any instance."""
+def status_table(state: ClusterState, now: float, placement: StreamPlacement | None = None) -> Table:
+    """Instances with roles, states, endpoints and load; then nodes not in any instance; with
+    `placement`, which nats-server leads the MOTOR stream."""
     table = Table(title="Motor cluster", expand=False)
     for col in ("instance", "role", "engine", "state", "endpoints", "load (run/wait)", "last heartbeat"):
         table.add_column(col)
@@ -85,6 +87,7 @@ def status_table(state: ClusterState, now: float) -> Table:
     table.caption = (
         f"leader {leader} · {len(state.nodes)} nodes · {len(state.faults)} open faults · "
         f"{len(state.alarms)} precision alarms · log seq {state.last_seq}"
+        + (f"\nnats: {placement.describe()}" if placement is not None else "")
     )
     return table
 

@@ -22,6 +22,7 @@ from nats.js.errors import APIError, NoStreamResponseError
 from core import subjects
 from core.codec import encode
 from core.events import EventBase
+from streams.ackjournal import AckJournal
 from streams.cancelling import honour_swallowed_cancel
 from streams.errors import PublishFailed, PublishTimeout, SequenceConflict, StreamsError
 
@@ -47,14 +48,25 @@ def _api_error(exc: APIError, subject: str, expected: int | None) -> StreamsErro
 class Publisher:
     """Publishes events to JetStream; one per process is enough (it is not tied to a subject)."""
 
-    def __init__(self, js: JetStreamContext, *, window: int = 256, ack_timeout: float = 5.0) -> None:
+    def __init__(
+        self,
+        js: JetStreamContext,
+        *,
+        window: int = 256,
+        ack_timeout: float = 5.0,
+        journal: AckJournal | None = None,
+    ) -> None:
         if window < 1:
             raise ValueError("window must be >= 1")
         self.js = js
         self.window = window
         self.ack_timeout = ack_timeout
-        # (deadline, subject, ack future), oldest first: nats-py's futures never time out.
-        self._pending: collections.deque[tuple[float, str, asyncio.Future[PubAck]]] = collections.deque()
+        # Every ack noted when the environment asks for it (streams.ackjournal).
+        self.journal = journal if journal is not None else AckJournal.from_env()
+        # (deadline, subject, event, ack future), oldest first: nats-py's futures never time out.
+        self._pending: collections.deque[tuple[float, str, EventBase, asyncio.Future[PubAck]]] = (
+            collections.deque()
+        )
         self._error: StreamsError | None = None
 
     async def publish(
@@ -87,7 +99,12 @@ class Publisher:
             raise PublishFailed(f"{subject}: {exc or type(exc).__name__}") from None
         finally:
             honour_swallowed_cancel()  # nats-py's request may have eaten our caller's cancel
+        self._acked(event, ack)
         return int(ack.seq)
+
+    def _acked(self, event: EventBase, ack: PubAck) -> None:
+        if self.journal is not None:
+            self.journal.record(event.id, event.type, ack.stream, int(ack.seq), bool(ack.duplicate))
 
     async def publish_async(self, event: EventBase) -> None:
         """Publish without waiting for the ack; waits only when `window` acks are outstanding.
@@ -100,7 +117,7 @@ class Publisher:
             self._raise_pending_error()
         subject = subjects.for_event(event)
         fut = await self.js.publish_async(subject, encode(event), headers=headers_for(event))
-        self._pending.append((time.monotonic() + self.ack_timeout, subject, fut))
+        self._pending.append((time.monotonic() + self.ack_timeout, subject, event, fut))
 
     async def flush(self) -> None:
         """Wait for every outstanding ack; raise the first error seen since the last flush."""
@@ -119,13 +136,13 @@ class Publisher:
             raise err
 
     async def _settle_oldest(self) -> None:
-        deadline, subject, fut = self._pending.popleft()
+        deadline, subject, event, fut = self._pending.popleft()
         remaining = deadline - time.monotonic()
         try:
             if not fut.done():
                 async with asyncio.timeout(max(remaining, 0.0)):  # not wait_for: it can eat a cancel
                     await asyncio.shield(fut)
-            fut.result()
+            self._acked(event, fut.result())
         except TimeoutError:
             fut.cancel()
             self._note(PublishTimeout(f"{subject}: no ack within {self.ack_timeout}s"))

@@ -4,7 +4,10 @@
 operator can see exactly what ran (mode 0600: it holds the users' passwords);
 `sync_interval: always` because the log is our only store (DESIGN.md: lazy fsync loses
 acknowledged writes on power loss). `authorization_conf` and `tls_conf` render the blocks
-`motor up` adds: one user per role with its permissions (streams.permissions), TLS.
+`motor up` adds: one user per role with its permissions (streams.permissions), TLS;
+`cluster_conf` the routes of a JetStream cluster (`motor up --nats-cluster 3`, a server
+named by `server_name`). With `argv_prefix` the server runs inside another context, e.g.
+`ip netns exec h1` for a host in a network namespace (tests/multihost).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import sysconfig
 from collections.abc import Sequence
 from pathlib import Path
 from typing import IO
+from urllib.parse import quote
 
 import orjson
 
@@ -97,6 +101,41 @@ def tls_conf(cert_file: str, key_file: str, *, handshake_first: bool = True) -> 
     return "\n".join(lines)
 
 
+def cluster_conf(
+    name: str,
+    listen: str,
+    routes: Sequence[str],
+    *,
+    user: str | None = None,
+    password: str | None = None,
+) -> str:
+    """A `cluster` block: this server's route listener and every peer's route URL.
+
+    With `user`, routes must log in (the peers' URLs carry the same user and password); a
+    server's own URL in `routes` is harmless (nats-server recognises itself).
+    """
+    lines = [
+        "cluster {",
+        f"  name: {_conf_value(name)}",
+        f"  listen: {_conf_value(listen)}",
+    ]
+    if user is not None:
+        lines += [
+            "  authorization {",
+            f"    user: {_conf_value(user)}",
+            f"    password: {_conf_value(password or '')}",
+            "  }",
+        ]
+    lines += [f"  routes: {_conf_list(routes)}", "}"]
+    return "\n".join(lines)
+
+
+def route_url(host: str, port: int, user: str | None = None, password: str | None = None) -> str:
+    """The URL a peer dials to route to the server at `host:port`."""
+    auth = f"{quote(user, safe='')}:{quote(password or '', safe='')}@" if user is not None else ""
+    return f"nats-route://{auth}{host}:{port}"
+
+
 def _set_pdeathsig() -> None:
     # Linux: the server dies with the process that started it, so a crashed test or
     # `motor up` never leaves an orphan holding the data dir.
@@ -121,9 +160,13 @@ class EmbeddedNats:
         monitor_port: int = 0,
         log_file: Path | None = None,
         extra_conf: str = "",
+        server_name: str | None = None,
+        argv_prefix: Sequence[str] = (),
     ) -> None:
         self.store_dir = Path(store_dir)
         self.extra_conf = extra_conf  # appended verbatim: authorization, tls, cluster blocks
+        self.server_name = server_name  # a cluster member's name (JetStream needs one per server)
+        self.argv_prefix = tuple(argv_prefix)  # e.g. `ip netns exec h1`: run it on another host
         self.host = host
         self.port = port
         self.monitor_port = monitor_port
@@ -154,8 +197,10 @@ class EmbeddedNats:
         # -1 asks nats-server for a random port; it reports the real ones in the ports file.
         port = self.port or -1
         mport = self.monitor_port or -1
+        name = [f"server_name: {_conf_value(self.server_name)}"] if self.server_name else []
         conf = "\n".join(
             [
+                *name,
                 f"host: {_conf_value(self.host)}",
                 f"port: {port}",
                 f"http: {_conf_value(f'{self.host}:{mport}')}",
@@ -189,6 +234,7 @@ class EmbeddedNats:
             self._log_fh = self.log_file.open("ab")
         out = self._log_fh if self._log_fh is not None else asyncio.subprocess.DEVNULL
         self._proc = await asyncio.create_subprocess_exec(
+            *self.argv_prefix,
             binary,
             "-c",
             str(conf),
@@ -196,6 +242,8 @@ class EmbeddedNats:
             stdout=out,
             stderr=out,
             preexec_fn=_set_pdeathsig if sys.platform.startswith("linux") else None,
+            # Its own session: a terminal's Ctrl-C reaches `motor up`, which stops it in order.
+            start_new_session=True,
         )
         try:
             await asyncio.wait_for(self._await_ready(), START_TIMEOUT)
@@ -226,13 +274,25 @@ class EmbeddedNats:
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.2)
 
-    async def _healthy(self) -> bool:
+    async def wait_current(self, within: float = START_TIMEOUT) -> None:
+        """Wait until the full `/healthz` passes: in a cluster, JetStream's meta group has a leader
+        and this server is current with it (`start` waits only for JetStream to be enabled, so a
+        member restarted alone is never held up by peers that are down)."""
+        delay = 0.05
+        async with asyncio.timeout(within):
+            while not await self._healthy(""):
+                if self._proc is None or self._proc.returncode is not None:
+                    raise NatsServerFailed(f"nats-server {self.server_name or self.url} is not running")
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 0.25)
+
+    async def _healthy(self, query: str = "?js-enabled-only=true") -> bool:
         try:
             reader, writer = await asyncio.open_connection(self.host, self.monitor_port)
         except OSError:
             return False
         try:
-            writer.write(f"GET /healthz?js-enabled-only=true HTTP/1.0\r\nHost: {self.host}\r\n\r\n".encode())
+            writer.write(f"GET /healthz{query} HTTP/1.0\r\nHost: {self.host}\r\n\r\n".encode())
             await writer.drain()
             status = await reader.readline()
             return b" 200 " in status

@@ -19,7 +19,7 @@ from typing import Any
 from core.config import ClusterConfig, config_from_dict
 from core.events import InstanceState, Role
 from core.state import ClusterState
-from deploy.cluster import LocalCluster, Ports
+from deploy.cluster import NATS_MONITOR_OFFSET, NATS_ROUTE_OFFSET, LocalCluster, Ports
 from deploy.watch import StateWatcher
 
 
@@ -32,18 +32,26 @@ def _free(port: int) -> bool:
     return True
 
 
-def free_ports(n_nodes: int) -> Ports:
-    """A block of ports no one listens on: NATS, coordinator, controllers, agents, engines."""
+def free_ports(n_nodes: int, nats_servers: int = 1) -> Ports:
+    """A block of ports no one listens on: NATS, coordinator, controllers, agents, engines.
+
+    NATS member i of a cluster listens on base+i, its routes on base+2000+i and its monitoring
+    on base+4000+i (`motor up --nats-port`'s layout; deploy.natscluster: each NATS port + i).
+    """
     for _ in range(200):
         base = random.randrange(20000, 50000, 1000)
-        candidates = [base + i for i in range(10)] + [base + 100 + i for i in range(n_nodes)]
+        nats = [
+            base + off + i for off in (0, NATS_ROUTE_OFFSET, NATS_MONITOR_OFFSET) for i in range(nats_servers)
+        ]
+        candidates = [base + 60 + i for i in range(10)] + [base + 100 + i for i in range(n_nodes)]
         engines = [base + 200 + i * 10 + j for i in range(n_nodes) for j in range(3)]
-        if all(_free(p) for p in candidates + engines):
+        if all(_free(p) for p in nats + candidates + engines):
             return Ports(
                 nats=base,
-                nats_monitor=base + 1,
-                coordinator=base + 2,
-                controller=base + 3,  # and base + 4 for the standby
+                nats_monitor=base + NATS_MONITOR_OFFSET,
+                nats_route=base + NATS_ROUTE_OFFSET,
+                coordinator=base + 60,
+                controller=base + 61,  # and base + 62 for the standby
                 nodeagent=base + 100,
                 engine=base + 200,
                 engine_stride=10,

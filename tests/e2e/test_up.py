@@ -8,89 +8,15 @@ import contextlib
 import os
 import signal
 import sys
-import time
 from pathlib import Path
 
 import aiohttp
-import openai
 import orjson
 
 from deploy.supervise import Backoff
 from streams.server import EmbeddedNats
+from tests.e2e.upproc import Lines, ask, new_pid_of, pid_of, pids_with
 from tests.localcluster import cluster_config, free_ports
-
-
-def _pids_with(word: bytes) -> list[int]:
-    """Processes whose command line holds `word` (this test's config path)."""
-    out = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if word in argv:
-            out.append(int(entry.name))
-    return out
-
-
-def _pid_of(config: Path, name: str) -> int:
-    key = str(config).encode()
-    for pid in _pids_with(key):
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        if name.encode() in argv:
-            return pid
-    seen = {pid: Path(f"/proc/{pid}/cmdline").read_bytes()[-160:] for pid in _pids_with(key)}
-    raise AssertionError(f"no {name} process among {seen}")
-
-
-async def _new_pid_of(config: Path, name: str, old: int, within: float = 10.0) -> int:
-    """The pid of `name` once /proc shows a process other than `old` under it.
-
-    A process just spawned can still show its parent's command line for a moment.
-    """
-    deadline = time.monotonic() + within
-    while True:
-        try:
-            pid = _pid_of(config, name)
-        except AssertionError:
-            pid = old
-        if pid != old or time.monotonic() > deadline:
-            return pid
-        await asyncio.sleep(0.1)
-
-
-class Lines:
-    """The lines `motor up` printed so far; `wait` for one that holds a text."""
-
-    def __init__(self, stream: asyncio.StreamReader) -> None:
-        self.stream = stream
-        self.seen: list[str] = []
-
-    async def wait(self, text: str, within: float) -> str:
-        for line in self.seen:
-            if text in line:
-                return line
-        async with asyncio.timeout(within):
-            while True:
-                raw = await self.stream.readline()
-                assert raw, f"motor up ended before printing {text!r}:\n" + "\n".join(self.seen)
-                line = raw.decode(errors="replace").rstrip()
-                self.seen.append(line)
-                if text in line:
-                    return line
-
-
-async def ask(base: str) -> str:
-    client = openai.AsyncOpenAI(base_url=base, api_key="none", max_retries=0, timeout=30)
-    try:
-        r = await client.chat.completions.create(
-            model="motor-sim", messages=[{"role": "user", "content": "hi"}], max_tokens=8, temperature=0
-        )
-        return r.choices[0].message.content or ""
-    finally:
-        await client.close()
 
 
 async def test_motor_up_restarts_a_killed_coordinator_replica_and_stops_on_ctrl_c(tmp_path: Path) -> None:
@@ -99,7 +25,7 @@ async def test_motor_up_restarts_a_killed_coordinator_replica_and_stops_on_ctrl_
         prefill=None,
         decode=None,
         # Both replicas share the management port too (seed 001's manage port).
-        coordinator={"port": ports.coordinator, "mgmt_port": ports.nats + 5},
+        coordinator={"port": ports.coordinator, "mgmt_port": ports.coordinator + 5},
         controller={"port": ports.controller},
         nodeagent={"port_base": ports.nodeagent, "engine_port_base": ports.engine},
     )
@@ -134,19 +60,19 @@ async def test_motor_up_restarts_a_killed_coordinator_replica_and_stops_on_ctrl_
         await out.wait("ready in", 90)
         base = f"http://127.0.0.1:{ports.coordinator}/v1"
         assert await ask(base)
-        mgmt = f"http://127.0.0.1:{ports.nats + 5}"
+        mgmt = f"http://127.0.0.1:{ports.coordinator + 5}"
         async with aiohttp.ClientSession() as s:
             for _ in range(4):  # new connections: either replica may answer
                 async with s.get(mgmt + "/liveness", headers={"Connection": "close"}) as r:
                     assert r.status == 200
-        victim = _pid_of(marker, "coordinator-1")
+        victim = pid_of(marker, "coordinator-1")
         os.kill(victim, signal.SIGKILL)
         # The other replica serves on the same port meanwhile.
         assert await ask(base)
         first = Backoff().initial
         line = await out.wait("restarted coordinator-1", 30)
         assert f"restarted coordinator-1 (exit -9) after {first:g} s, 1 restart" in line
-        assert await _new_pid_of(marker, "coordinator-1", victim) != victim
+        assert await new_pid_of(marker, "coordinator-1", victim) != victim
         assert await ask(base)
         assert not [line for line in out.seen if "coordinator-2 exited" in line], out.seen
         proc.send_signal(signal.SIGINT)
@@ -154,8 +80,8 @@ async def test_motor_up_restarts_a_killed_coordinator_replica_and_stops_on_ctrl_
         assert await asyncio.wait_for(proc.wait(), 30) == 0
         # Deliberately stopped: nothing comes back, engines included.
         await asyncio.sleep(4 * first)
-        assert _pids_with(str(marker).encode()) == []
-        assert _pids_with(str(ports.engine).encode()) == []
+        assert pids_with(str(marker).encode()) == []
+        assert pids_with(str(ports.engine).encode()) == []
     finally:
         if proc.returncode is None:
             proc.send_signal(signal.SIGINT)  # motor up stops what it started, engines too
@@ -164,7 +90,7 @@ async def test_motor_up_restarts_a_killed_coordinator_replica_and_stops_on_ctrl_
             except TimeoutError:
                 proc.kill()
                 await proc.wait()
-        for pid in _pids_with(str(marker).encode()) + _pids_with(str(ports.engine).encode()):
+        for pid in pids_with(str(marker).encode()) + pids_with(str(ports.engine).encode()):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         await nats.stop()
