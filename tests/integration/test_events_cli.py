@@ -176,3 +176,27 @@ async def test_view_marks_what_a_fold_skips_and_why(js: JetStreamContext, nats_s
         "unknown_type",
         "newer_schema",
     ]
+
+
+async def test_acked_says_every_acknowledged_event_is_in_the_log_and_names_one_that_is_not(
+    js: JetStreamContext, nats_server: EmbeddedNats, tmp_path: Path
+) -> None:
+    from streams.ackjournal import AckJournal
+
+    journal = tmp_path / "acks"
+    pub = Publisher(js, journal=AckJournal(journal / "p.jsonl"))
+    events = mixed(6)
+    seqs = [await pub.publish(ev) for ev in events]
+
+    rc, out, err = await motor("acked", str(journal), url=nats_server.url)
+    assert rc == 0, err
+    assert "6 acknowledged events of MOTOR: every one is in the log" in out
+
+    await js.delete_msg(MOTOR_STREAM, seqs[2])  # what a lost disk or a bad failover would do
+    rc, out, err = await motor("acked", str(journal), "--json", url=nats_server.url)
+    assert rc == 1, err
+    result = orjson.loads(out)
+    assert result["acked"] == 6 and [m["id"] for m in result["missing"]] == [events[2].id]
+
+    rc, out, err = await motor("acked", str(tmp_path / "nowhere"), url=nats_server.url)
+    assert rc == 2 and "MOTOR_ACK_JOURNAL" in err
