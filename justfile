@@ -29,6 +29,18 @@ test *ARGS: test-deps
 chaos *ARGS:
     {{python}} -m pytest -q -s tests/chaos -m chaos {{ARGS}}
 
+# The multi-host suite: three hosts in network namespaces, a 3-node NATS cluster, faults under
+# client traffic (tests/multihost; root only: `ip netns`; not part of `just test`).
+test-multihost *ARGS:
+    #!/usr/bin/env bash
+    set -euo pipefail
+    if [ "$(id -u)" != 0 ]; then
+        echo "just test-multihost needs root (its hosts are network namespaces): run 'sudo just test-multihost'" >&2
+        exit 1
+    fi
+    command -v ip >/dev/null || { echo "just test-multihost needs iproute2's ip: apt-get install -y iproute2" >&2; exit 1; }
+    {{python}} -m pytest -q -s tests/multihost -m multihost {{ARGS}}
+
 # Install Debian's chromium when missing (the e2e test opens the replay timeline in it).
 test-deps:
     #!/usr/bin/env bash

@@ -32,6 +32,12 @@ from streams.reader import stream_last_seq
 log = logging.getLogger(__name__)
 
 
+def takeover_ask(ttl: float) -> float:
+    """How long a new holder waits for the stream's answer before asking again (half the TTL,
+    at least 0.5 s): a stream electing a leader never answers a question asked before it has one."""
+    return max(0.5, ttl / 2)
+
+
 class Leadership:
     """This controller's side of the lease: leader or standby."""
 
@@ -153,8 +159,10 @@ class Leadership:
             fold.changed.set()
             return
         try:
-            target = await stream_last_seq(self.nc, MOTOR_STREAM)
-        except Exception as exc:  # NATS slow or away: try again
+            # Briefly: after the server leading MOTOR died, the stream answers nothing until a
+            # new leader is elected, and only a question asked after that is answered.
+            target = await stream_last_seq(self.nc, MOTOR_STREAM, wait=takeover_ask(self.ttl))
+        except Exception as exc:  # NATS slow or away, no stream leader yet: try again
             log.warning("won the lease but cannot read the stream's last seq: %s", exc)
             return
         if not await livefold.wait_for(target, within=self.ttl):

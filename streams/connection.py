@@ -31,6 +31,12 @@ DEFAULT_URL = "nats://127.0.0.1:4222"
 # nats-py waits a fixed time between reconnect rounds; the jitter spreads a fleet of agents
 # so they do not all hit a restarted server in the same millisecond.
 RECONNECT_WAIT = 1.0
+# A server cut off the network sends no RST: the client learns it is gone only when its PINGs
+# go unanswered. nats-py's default (a PING every 120 s, 2 outstanding) leaves a client on the
+# wrong side of a partition for minutes, its heartbeats lost and its folds stalled while the
+# other servers serve; this finds out within ~3 s and moves to a server it can reach.
+PING_INTERVAL = 1.0
+MAX_PINGS_OUT = 2
 
 # The options each client was made with, so a bulk reader can open its own raw connection
 # with the same credentials (streams.rawsub) without the caller passing them again.
@@ -195,6 +201,8 @@ async def connect(
             max_reconnect_attempts=-1 if retry_initial else 1,
             reconnect_time_wait=wait if retry_initial else 0.1,  # type: ignore[arg-type]
             connect_timeout=connect_timeout,  # type: ignore[arg-type]
+            ping_interval=PING_INTERVAL,  # type: ignore[arg-type]
+            max_outstanding_pings=MAX_PINGS_OUT,
             disconnected_cb=on_disconnect,
             reconnected_cb=on_reconnect,
             error_cb=on_error,

@@ -61,14 +61,21 @@ class StreamReplaced(StreamsError):
     """The stream was deleted and created again: its sequences are not the ones read so far."""
 
 
-async def js_api(nc: Client, subject: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Call the JetStream API and return the response, raising StreamsError on an API error."""
+async def js_api(
+    nc: Client, subject: str, body: dict[str, Any] | None = None, *, wait: float = API_TIMEOUT
+) -> dict[str, Any]:
+    """Call the JetStream API and return the response, raising StreamsError on an API error.
+
+    `wait`: how long to wait for the answer. In a cluster a stream without a leader (one is
+    being elected after its server died) answers nothing, and a request sent before the new
+    leader exists is never answered: a caller in a hurry asks again with a short `wait`.
+    """
     try:
-        msg = await nc.request(subject, orjson.dumps(body) if body is not None else b"", timeout=API_TIMEOUT)
+        msg = await nc.request(subject, orjson.dumps(body) if body is not None else b"", timeout=wait)
     except NoRespondersError:
         raise StreamsError(f"{subject}: JetStream is not enabled on this server") from None
     except (NatsTimeoutError, TimeoutError):
-        raise StreamsError(f"{subject}: no answer within {API_TIMEOUT}s") from None
+        raise StreamsError(f"{subject}: no answer within {wait:g}s") from None
     finally:
         honour_swallowed_cancel()  # nats-py's request may have eaten our caller's cancel
     resp: dict[str, Any] = orjson.loads(msg.data)

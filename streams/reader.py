@@ -19,7 +19,7 @@ from nats.aio.client import Client
 from core.codec import decode
 from core.errors import DecodeError
 from core.events import AnyEvent
-from streams.consumer import Delivery, PushConsumer, js_api
+from streams.consumer import API_TIMEOUT, Delivery, PushConsumer, js_api
 from streams.definitions import MOTOR_STREAM
 from streams.poison import SkipLog, reason_for
 
@@ -60,9 +60,9 @@ class SkipCounter(SkipLog):
         self.decode_error(self.stream, d.seq, d.subject, exc)
 
 
-async def stream_last_seq(nc: Client, stream: str = MOTOR_STREAM) -> int:
-    """The stream's last sequence now (0 when empty)."""
-    info = await js_api(nc, f"$JS.API.STREAM.INFO.{stream}")
+async def stream_last_seq(nc: Client, stream: str = MOTOR_STREAM, *, wait: float = API_TIMEOUT) -> int:
+    """The stream's last sequence now (0 when empty); `wait` as `js_api`'s."""
+    info = await js_api(nc, f"$JS.API.STREAM.INFO.{stream}", wait=wait)
     return int(info["state"]["last_seq"])
 
 

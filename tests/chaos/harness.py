@@ -104,6 +104,8 @@ class ChaosCluster:
     def base_url(self) -> str:
         return self.h.base_url
 
+    client_timeout = 60.0  # the load's clients give a request this long
+
     async def start(self) -> None:
         """Start a fresh cluster and wait until it serves; record reference texts once."""
         self.generation += 1
@@ -178,7 +180,7 @@ class ChaosCluster:
         out = []
         async with asyncio.timeout(30):
             async for d in read_deliveries(self.h.nc, MOTOR_STREAM, Range(start_seq=since_seq or None)):
-                out.append(_entry(d.seq, d.subject, d.data))
+                out.append(entry(d.seq, d.subject, d.data))
         return out
 
     async def last_seq(self) -> int:
@@ -300,7 +302,8 @@ class ChaosCluster:
         return time.time() - since, ""
 
 
-def _entry(seq: int, subject: str, raw: bytes) -> Entry:
+def entry(seq: int, subject: str, raw: bytes) -> Entry:
+    """One MOTOR message as stored, read without the codec (unknown types included)."""
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError:
@@ -317,4 +320,5 @@ def _entry(seq: int, subject: str, raw: bytes) -> Entry:
         float(ts) if isinstance(ts, int | float) else 0.0,
         data if isinstance(data, dict) else {},
         caused.get("id") if isinstance(caused, dict) else None,
+        str(body.get("source", "")),
     )

@@ -40,6 +40,7 @@ class Entry:
     ts: float
     data: Mapping[str, Any] = field(default_factory=dict)
     caused_by: str | None = None
+    source: str = ""  # who appended it: `controller/c1`, `nodeagent/union-0`, …
 
 
 # --------------------------------------------------------------------------- 1 clients

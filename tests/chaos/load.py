@@ -5,7 +5,9 @@ temperature 0, one model that both the union instance and the P/D pair serve) an
 one `Outcome` per request: status, text, timing of the first byte and of every gap between
 stream chunks, and how it failed. At most `clients` requests are in flight and at most
 `max_requests` are sent in all. With `retry_connection_errors` a request whose connection
-broke is sent again once (what a client does when a coordinator replica dies under it).
+broke is sent again once (what a client does when a coordinator replica dies under it); given
+several coordinator URLs (replicas on different hosts), client i starts on URL i and sends its
+retry to the next one, as a client behind a load balancer would.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,8 +90,8 @@ class Outcome:
         return self.started <= t <= (self.ended or float("inf"))
 
 
-def _client(base_url: str) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=base_url, api_key="none", max_retries=0, timeout=60.0)
+def _client(base_url: str, timeout: float | openai.Timeout = 60.0) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=base_url, api_key="none", max_retries=0, timeout=timeout)
 
 
 async def run_one(client: openai.AsyncOpenAI, spec: Spec, out: Outcome) -> None:
@@ -162,14 +165,16 @@ class LoadGen:
 
     def __init__(
         self,
-        base_url: str,
+        base_url: str | Sequence[str],
         *,
         clients: int = 6,
         max_requests: int = 5000,
         retry_connection_errors: bool = False,
         specs: tuple[Spec, ...] = SPECS,
+        timeout: float | openai.Timeout = 60.0,
     ) -> None:
-        self.base_url = base_url
+        self.base_urls = [base_url] if isinstance(base_url, str) else list(base_url)
+        self.timeout = timeout
         self.clients = clients
         self.max_requests = max_requests
         self.retry_connection_errors = retry_connection_errors
@@ -203,20 +208,24 @@ class LoadGen:
         self._tasks = []
 
     async def _loop(self, i: int) -> None:
-        client = _client(self.base_url)
+        k = len(self.base_urls)
+        # Client i talks to URL i first and to the next one on a retry.
+        clients = [_client(self.base_urls[(i + j) % k], self.timeout) for j in range(min(k, 2))]
         n = i
         try:
             while not self._stop.is_set() and self._sent < self.max_requests:
                 self._sent += 1
                 spec = self.specs[n % len(self.specs)]
                 n += 1
-                if not await self._request(client, spec, i):
+                if not await self._request(clients, spec, i):
                     # A client backs off after a failure instead of spinning on fast errors.
                     await asyncio.sleep(FAILURE_PAUSE)
         finally:
-            await client.close()
+            for c in clients:
+                await c.close()
 
-    async def _request(self, client: openai.AsyncOpenAI, spec: Spec, i: int) -> bool:
+    async def _request(self, clients: list[openai.AsyncOpenAI], spec: Spec, i: int) -> bool:
+        client = clients[0]
         out = await self._attempt(client, spec, Outcome(spec.key, i, spec.stream, time.time()))
         if self.retry_connection_errors and not out.ok and out.error.startswith("connection"):
             # A client pauses before it retries (the dead replica's socket may take a moment to
@@ -224,7 +233,7 @@ class LoadGen:
             await asyncio.sleep(FAILURE_PAUSE)
             again = Outcome(spec.key, i, spec.stream, out.started, retried=True, first_error=out.error)
             again.first_error_connection = True
-            out = await self._attempt(client, spec, again)
+            out = await self._attempt(clients[-1], spec, again)
         self.outcomes.append(out)
         return out.ok
 

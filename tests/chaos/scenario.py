@@ -27,7 +27,8 @@ FAILOVER_WITHIN = 3.0  # invariant 9
 
 
 class Scenario:
-    """What one scenario did and found."""
+    """What one scenario did and found (on a `ChaosCluster`, or tests/multihost's `MultiHost`,
+    which observes a cluster on several hosts through the same methods)."""
 
     def __init__(self, cc: ChaosCluster, title: str) -> None:
         self.cc = cc
@@ -51,7 +52,12 @@ class Scenario:
         self, *, clients: int = 6, retry_connection_errors: bool = False
     ) -> AsyncIterator[LoadGen]:
         """Client traffic for the body (and a second of it before the fault)."""
-        load = LoadGen(self.cc.base_url, clients=clients, retry_connection_errors=retry_connection_errors)
+        load = LoadGen(
+            self.cc.base_url,
+            clients=clients,
+            retry_connection_errors=retry_connection_errors,
+            timeout=self.cc.client_timeout,
+        )
         self.load = load
         async with load:
             await asyncio.sleep(1.5)
