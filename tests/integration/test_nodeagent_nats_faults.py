@@ -44,7 +44,7 @@ from nodeagent.outbox import Outbox
 from nodeagent.settings import AgentSettings
 from streams.connection import connect
 from streams.definitions import MOTOR_STREAM, ensure_streams
-from streams.errors import PublishFailed
+from streams.errors import PublishFailed, StreamsError
 from streams.publisher import Publisher
 from streams.server import EmbeddedNats
 from tests.integration.nodeagent_harness import (
@@ -247,7 +247,16 @@ async def test_an_ack_that_times_out_does_not_end_the_command_consumer(own_nats:
     try:
         pub = Publisher(nc.jetstream())
         for cid in ("c1", "c2"):
-            await pub.publish(start_command("n1", EPS, command_id=cid))
+            cmd = start_command("n1", EPS, command_id=cid)
+            # As the controller does: a publish that got no ack (the freeze outlasted the
+            # client's PINGs, so it reconnected) is sent again with the same id.
+            async with asyncio.timeout(30):
+                while True:
+                    try:
+                        await pub.publish(cmd)
+                        break
+                    except StreamsError:
+                        await asyncio.sleep(0.2)
         async with asyncio.timeout(40):
             while handled != ["c1", "c2"]:
                 assert not run.done(), run.exception()
