@@ -1,4 +1,4 @@
-"""`motor events ls|view|sub|export|import`: look at the log without the nats CLI.
+"""`motor events ls|view|sub|export|import|ensure`: look at the log without the nats CLI.
 
 Subjects and bodies are plain JSON, so what `view --json` prints is what natscli would
 show; tables are for people, `--json` (one object a line, the export format) for scripts.
@@ -67,6 +67,17 @@ def register(sub: Any) -> None:
     _common(im, _import)
     im.set_defaults(nats_login="admin")  # it writes any subject: motor up's `admin` user
 
+    en = esub.add_parser(
+        "ensure",
+        help="create the streams and KV buckets, or update their settings, as the config says (admin)",
+        description="What the controller would create at start, made by a user allowed to (admin): "
+        "an external NATS, where only admin may create or change streams (Kubernetes runs it "
+        "before each controller starts).",
+    )
+    en.add_argument("--config", help="cluster config file (YAML/JSON); default: the embedded default")
+    _common(en, _ensure)
+    en.set_defaults(nats_login="admin")
+
 
 def _common(parser: argparse.ArgumentParser, func: Any) -> None:
     add_nats_args(parser)
@@ -75,6 +86,7 @@ def _common(parser: argparse.ArgumentParser, func: Any) -> None:
 
 def _run(args: argparse.Namespace, func: Any) -> int:
     """Run one action; turn the errors a user can fix into one line on stderr."""
+    from core.errors import ConfigError
     from deploy.eventfmt import BadArgument
     from streams.errors import NatsUnavailable, StreamsError
 
@@ -83,7 +95,7 @@ def _run(args: argparse.Namespace, func: Any) -> int:
     except NatsUnavailable as exc:
         print(f"{PROG}: {unreachable_hint(args.nats_url, exc)} ({_cause(exc)})", file=sys.stderr)
         return 1
-    except BadArgument as exc:
+    except (BadArgument, ConfigError) as exc:
         print(f"{PROG} {args.events_cmd}: {exc}", file=sys.stderr)
         return 2
     except (StreamsError, OSError) as exc:
@@ -203,4 +215,22 @@ async def _import(args: argparse.Namespace) -> int:
     finally:
         await nc.close()
     print(f"imported {n} messages from {args.file}", file=sys.stderr)
+    return 0
+
+
+async def _ensure(args: argparse.Namespace) -> int:
+    from deploy.common import load_config_file
+    from deploy.eventfmt import print_streams, stream_rows
+    from streams.definitions import ensure_streams
+
+    cfg = load_config_file(args.config)  # before connecting: a bad file is named, NATS untouched
+    nc = await _connect(args)
+    try:
+        # The same settings the controller ensures at start, so it finds nothing to change
+        # (its NATS user may not change streams).
+        await ensure_streams(nc.jetstream(), cfg.nats, lease_ttl=cfg.controller.lease_ttl)
+        rows = await stream_rows(nc)
+    finally:
+        await nc.close()
+    print_streams(rows, as_json=False)
     return 0
