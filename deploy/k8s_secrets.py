@@ -68,7 +68,10 @@ def load_objects(text: str, source: str) -> list[dict[str, Any]]:
             continue
         if not isinstance(doc, dict) or not isinstance(doc.get("kind"), str):
             raise ManifestError(f"{source}: document {i + 1} is not a Kubernetes object (no kind)")
-        out.append(doc)
+        if doc["kind"] == "List":  # what `kubectl get ... -o yaml` prints
+            out += [item for item in doc.get("items") or [] if isinstance(item, dict)]
+        else:
+            out.append(doc)
     return out
 
 

@@ -92,7 +92,9 @@ def test_a_secret_read_back_from_the_cluster_keeps_its_passwords_too() -> None:
     data = {k: base64.b64encode(v.encode()).decode() for k, v in clients["stringData"].items()}
     got = {**clients, "data": data}
     del got["stringData"]
-    assert kept_passwords([got]) == kept_passwords([clients])
+    listed = yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": [got]})
+    assert kept_passwords(load_objects(listed, "kubectl get")) == kept_passwords([clients])
+    assert len(kept_passwords([clients])) == 5
 
 
 @pytest.mark.parametrize(
