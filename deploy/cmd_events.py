@@ -1,4 +1,4 @@
-"""`motor events ls|view|sub|export|import|acked`: look at the log without the nats CLI.
+"""`motor events ls|view|sub|export|import|ensure|acked`: look at the log without the nats CLI.
 
 Subjects and bodies are plain JSON, so what `view --json` prints is what natscli would
 show; tables are for people, `--json` (one object a line, the export format) for scripts.
@@ -76,6 +76,17 @@ def register(sub: Any) -> None:
     ak.add_argument("--json", action="store_true", help="print the result as JSON")
     _common(ak, _acked)
 
+    en = esub.add_parser(
+        "ensure",
+        help="create the streams and KV buckets, or update their settings, as the config says (admin)",
+        description="What the controller would create at start, made by a user allowed to (admin): "
+        "an external NATS, where only admin may create or change streams (Kubernetes runs it "
+        "before each controller starts).",
+    )
+    en.add_argument("--config", help="cluster config file (YAML/JSON); default: the embedded default")
+    _common(en, _ensure)
+    en.set_defaults(nats_login="admin")
+
 
 def _common(parser: argparse.ArgumentParser, func: Any) -> None:
     add_nats_args(parser)
@@ -84,6 +95,7 @@ def _common(parser: argparse.ArgumentParser, func: Any) -> None:
 
 def _run(args: argparse.Namespace, func: Any) -> int:
     """Run one action; turn the errors a user can fix into one line on stderr."""
+    from core.errors import ConfigError
     from deploy.eventfmt import BadArgument
     from streams.errors import NatsUnavailable, StreamsError
 
@@ -92,7 +104,7 @@ def _run(args: argparse.Namespace, func: Any) -> int:
     except NatsUnavailable as exc:
         print(f"{PROG}: {unreachable_hint(args.nats_url, exc)} ({_cause(exc)})", file=sys.stderr)
         return 1
-    except BadArgument as exc:
+    except (BadArgument, ConfigError) as exc:
         print(f"{PROG} {args.events_cmd}: {exc}", file=sys.stderr)
         return 2
     except (StreamsError, OSError) as exc:
@@ -264,3 +276,21 @@ async def _acked(args: argparse.Namespace) -> int:
         for a in result.missing[:50]:
             print(f"  seq {a.seq}  {a.type}  {a.id}")
     return 0 if result.kept else 1
+
+
+async def _ensure(args: argparse.Namespace) -> int:
+    from deploy.common import load_config_file
+    from deploy.eventfmt import print_streams, stream_rows
+    from streams.definitions import ensure_streams
+
+    cfg = load_config_file(args.config)  # before connecting: a bad file is named, NATS untouched
+    nc = await _connect(args)
+    try:
+        # The same settings the controller ensures at start, so it finds nothing to change
+        # (its NATS user may not change streams).
+        await ensure_streams(nc.jetstream(), cfg.nats, lease_ttl=cfg.controller.lease_ttl)
+        rows = await stream_rows(nc)
+    finally:
+        await nc.close()
+    print_streams(rows, as_json=False)
+    return 0

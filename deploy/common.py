@@ -15,6 +15,7 @@ from streams.connection import NatsOptions, split_urls
 from streams.credentials import (
     CONTEXT_ENV,
     CREDS_ENV,
+    INBOX_ENV,
     PASSWORD_ENV,
     TOKEN_ENV,
     USER_ENV,
@@ -117,6 +118,7 @@ def nats_options(args: argparse.Namespace) -> NatsOptions:
         password=args.nats_password,
         token=args.nats_token,
         creds=args.nats_creds,
+        inbox_prefix=os.environ.get(INBOX_ENV) or None,
         ca=args.nats_tls_ca,
         cert=args.nats_tls_cert,
         key=args.nats_tls_key,

@@ -31,6 +31,7 @@ from streams.connection import NatsOptions, split_urls
 from streams.credentials import (
     CONTEXT_ENV,
     CREDS_ENV,
+    INBOX_ENV,
     PASSWORD_ENV,
     TOKEN_ENV,
     USER_ENV,
@@ -44,7 +45,7 @@ from streams.server import authorization_conf, tls_conf
 
 AUTH_DIR = "auth"
 # An operator's NATS login in the environment: never handed to motor up's children.
-OPERATOR_VARS = frozenset({USER_ENV, PASSWORD_ENV, TOKEN_ENV, CREDS_ENV, CONTEXT_ENV})
+OPERATOR_VARS = frozenset({USER_ENV, PASSWORD_ENV, TOKEN_ENV, CREDS_ENV, CONTEXT_ENV, INBOX_ENV})
 TLS_DIR = "tls"
 CERT_DAYS = 825
 

@@ -11,6 +11,12 @@ a password from the environment never travels with a token from a file):
    `.creds` file);
 2. the context file named by `MOTOR_NATS_CONTEXT`, else by the config's `nats.context_file`;
 3. the config's `nats.user`/`password`/`token`/`creds_file`.
+
+Replies and push deliveries go to the login's inbox prefix: the context file's
+`inbox_prefix`, else `MOTOR_NATS_INBOX_PREFIX` with a login from the environment, else, for
+a user login, `_INBOX.<user>`: the only inbox Motor's NATS permissions let a user subscribe to
+(streams/permissions.py), so a user given as `MOTOR_NATS_USER` (or in the config) gets its
+replies. Token and `.creds` logins keep nats-py's `_INBOX` unless a prefix is given.
 """
 
 from __future__ import annotations
@@ -24,13 +30,16 @@ from typing import Any
 
 import orjson
 
+from core.errors import SubjectError
 from streams.errors import StreamsError
+from streams.permissions import inbox_prefix as user_inbox
 
 CONTEXT_ENV = "MOTOR_NATS_CONTEXT"
 USER_ENV = "MOTOR_NATS_USER"
 PASSWORD_ENV = "MOTOR_NATS_PASSWORD"
 TOKEN_ENV = "MOTOR_NATS_TOKEN"
 CREDS_ENV = "MOTOR_NATS_CREDS"
+INBOX_ENV = "MOTOR_NATS_INBOX_PREFIX"
 
 
 class CredentialsError(StreamsError):
@@ -115,12 +124,24 @@ def from_env(env: Mapping[str, str]) -> Credentials:
         password=env.get(PASSWORD_ENV) or None,
         token=env.get(TOKEN_ENV) or None,
         creds=env.get(CREDS_ENV) or None,
+        inbox_prefix=env.get(INBOX_ENV) or None,
     )
 
 
+def default_inbox(user: str | None) -> str | None:
+    """`_INBOX.<user>`, the inbox Motor's permissions give a user; None without a user or for a
+    name that is not one subject token (no permissions of ours name such a user)."""
+    if not user:
+        return None
+    try:
+        return user_inbox(user)
+    except SubjectError:
+        return None
+
+
 def merge(*layers: Credentials) -> Credentials:
-    """Strongest layer first: the first that logs in gives the login (and its inbox); the URL and
-    TLS files fill in field by field."""
+    """Strongest layer first: the first that logs in gives the login (and its inbox: the one it
+    names, else a user's `_INBOX.<user>`); the URL and TLS files fill in field by field."""
     login = next((c for c in layers if c.logs_in), Credentials())
 
     def first(key: str) -> str | None:
@@ -135,7 +156,8 @@ def merge(*layers: Credentials) -> Credentials:
         ca=first("ca"),
         cert=first("cert"),
         key=first("key"),
-        inbox_prefix=login.inbox_prefix,  # the inbox the login's permissions allow
+        # the inbox the login's permissions allow
+        inbox_prefix=login.inbox_prefix or default_inbox(login.user),
         tls_first=any(c.tls_first for c in layers),
     )
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import sys
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -54,6 +56,7 @@ from deploy.natsauth import ClusterAuth, prepare
 from nodeagent.commands import durable_name
 from streams.checkpoint import load_checkpoint, save_checkpoint
 from streams.connection import NatsOptions, connect
+from streams.credentials import PASSWORD_ENV, USER_ENV
 from streams.definitions import HB_STREAM, MOTOR_STREAM, ensure_streams
 from streams.errors import NatsUnavailable, PublishTimeout
 from streams.publisher import Publisher
@@ -219,6 +222,28 @@ async def test_an_anonymous_connect_and_a_wrong_password_are_refused(srv: AuthSe
         assert f.stat().st_mode & 0o777 == 0o600, f
     assert (srv.root / "auth").stat().st_mode & 0o777 == 0o700
     assert (srv.root / "nats" / "nats-server.conf").stat().st_mode & 0o777 == 0o600
+
+
+async def test_a_login_from_the_environment_gets_replies_in_its_own_inbox(srv: AuthServer) -> None:
+    """`MOTOR_NATS_USER`/`MOTOR_NATS_PASSWORD`, no context file: the user may subscribe only
+    under `_INBOX.<user>.>`, so its replies (every JetStream API call) must be sent there."""
+    env = {USER_ENV: "inspect", PASSWORD_ENV: srv.auth.credentials("inspect").password or ""}
+    # A process reading its config (controller, coordinator, node agent).
+    opts = NatsOptions.from_config(NatsConfig(), [srv.url], env=env)
+    nc = await connect(opts, name="env-login")
+    srv.opened.append(nc)
+    info = await asyncio.wait_for(nc.jetstream().stream_info(MOTOR_STREAM), 10)
+    assert info.config.name == MOTOR_STREAM
+    assert opts.inbox_prefix == "_INBOX.inspect"
+    # A command line (its flags default to the same variables).
+    child = {k: v for k, v in os.environ.items() if not k.startswith("MOTOR_NATS_")}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "deploy.cli", "events", "ls", "--nats-url", srv.url, "--root", str(srv.root / "none"),
+        env={**child, **env}, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, err.decode()
+    assert MOTOR_STREAM in out.decode()
 
 
 # --------------------------------------------------------------------------- node agent

@@ -137,13 +137,18 @@ def test_bad_context_files_are_named(tmp_path: Path, body: bytes, error: str) ->
     [
         # The first layer that logs in gives the whole login: never user from one, token from another.
         ([Credentials(user="env", password="e"), Credentials(token="t", inbox_prefix="_INBOX.x")],
-         Credentials(user="env", password="e")),
+         Credentials(user="env", password="e", inbox_prefix="_INBOX.env")),
         ([Credentials(), Credentials(user="f", password="p", inbox_prefix="_INBOX.f")],
          Credentials(user="f", password="p", inbox_prefix="_INBOX.f")),
         # URL and TLS files fill in from whichever layer has them.
         ([Credentials(creds="/c"), Credentials(url="nats://a:1", ca="/ca"), Credentials(url="nats://b:2")],
          Credentials(creds="/c", url="nats://a:1", ca="/ca")),
         ([Credentials(), Credentials(tls_first=True)], Credentials(tls_first=True)),
+        # A user login names its inbox, or gets the one Motor's permissions give it.
+        ([Credentials(user="u", password="p", inbox_prefix="_INBOX_x")],
+         Credentials(user="u", password="p", inbox_prefix="_INBOX_x")),
+        ([Credentials(user="a.b", password="p")], Credentials(user="a.b", password="p")),
+        ([Credentials(token="t")], Credentials(token="t")),
     ],
 )  # fmt: skip
 def test_merge(layers: list[Credentials], want: Credentials) -> None:
@@ -168,7 +173,10 @@ def test_options_from_config_env_and_context(tmp_path: Path) -> None:
     ]
     env = {"MOTOR_NATS_CONTEXT": str(ctx), "MOTOR_NATS_USER": "op", "MOTOR_NATS_PASSWORD": "o"}
     opts = NatsOptions.from_config(cfg, env=env)
-    assert (opts.user, opts.password, opts.inbox_prefix) == ("op", "o", None)
+    assert (opts.user, opts.password, opts.inbox_prefix) == ("op", "o", "_INBOX.op")
+    env["MOTOR_NATS_INBOX_PREFIX"] = "_INBOX.mine"
+    assert NatsOptions.from_config(cfg, env=env).inbox_prefix == "_INBOX.mine"
+    assert NatsOptions.from_config(cfg, env={}).inbox_prefix == "_INBOX.cfg"
     opts = NatsOptions.from_config(NatsConfig(context_file=str(ctx)), env={})
     assert opts.user == "controller"
     tls = NatsOptions.from_config(NatsConfig(require_tls=True), env={})
