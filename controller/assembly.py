@@ -45,6 +45,8 @@ class _Plan:
         self._by_order: list[NodeRecord] | None = None
         self.held: set[str] = set()  # nodes waiting for the rest of their lost instance
         self._floor: int | None = None
+        # The first ACTIVE instance of each shape, found once: `peer_ips` is asked per instance.
+        self._peers: dict[tuple[object, ...], InstanceRecord | None] = {}
 
     @property
     def by_order(self) -> list[NodeRecord]:
@@ -82,10 +84,15 @@ class _Plan:
         own = len(mine) - len(borrowed)
         npi = sec.nodes_per_instance()
         made = self.readopt(role, sec, npi, sec.instances - own) if own < sec.instances else 0
+        # Free nodes are listed once: only this loop's own picks change who is free, and a list
+        # per instance made a cold start of n nodes cost n**2 checks (20 s of decide at 4000).
+        free = self.free(role, sec) if own + made < sec.instances else []
+        used = 0
         while own + made < sec.instances:
-            picked = self.free(role, sec)[:npi]
+            picked = free[used : used + npi]
             if len(picked) < npi:
                 break
+            used += npi
             made += 1
             self.add(role, sec, picked, f"{own + made}/{sec.instances}")
         if role != Role.DECODE or not self.ctx.cfg.controller.scale_p2d:
@@ -167,22 +174,27 @@ class _Plan:
         self, role: Role, sec: EngineSection, members: tuple[InstanceMember, ...]
     ) -> tuple[str, ...]:
         """D2D weight-transfer peers: a running instance of the same shape, `<endpoint_id>:<peer_ip>`."""
-        shape = [len(m.endpoints) for m in members]
-        for inst in sorted(self.ctx.state.instances.values(), key=lambda i: i.instance_id):
-            spec = inst.spec
-            if (
-                inst.state == InstanceState.ACTIVE
-                and spec.role == role
-                and spec.model == sec.model
-                and spec.engine_type == sec.engine_type
-                and [len(m.endpoints) for m in spec.members] == shape
-            ):
-                return tuple(
-                    f"{ep.id}:{peer.ip}"
-                    for m, peer in zip(members, spec.members, strict=True)
-                    for ep in m.endpoints
-                )
-        return ()
+        shape = tuple(len(m.endpoints) for m in members)
+        key = (role, sec.model, sec.engine_type, shape)
+        if key not in self._peers:
+            self._peers[key] = next(
+                (
+                    inst
+                    for inst in sorted(self.ctx.state.instances.values(), key=lambda i: i.instance_id)
+                    if inst.state == InstanceState.ACTIVE
+                    and inst.spec.role == role
+                    and inst.spec.model == sec.model
+                    and inst.spec.engine_type == sec.engine_type
+                    and tuple(len(m.endpoints) for m in inst.spec.members) == shape
+                ),
+                None,
+            )
+        peer = self._peers[key]
+        if peer is None:
+            return ()
+        return tuple(
+            f"{ep.id}:{p.ip}" for m, p in zip(members, peer.spec.members, strict=True) for ep in m.endpoints
+        )
 
     # ----------------------------------------------------------------- ScaleP2D
 

@@ -39,11 +39,11 @@ from streams.livefold import LiveFold
 from streams.lostlog import Loss, StreamView, stale_checkpoint
 from streams.poison import Skipped
 from streams.reader import Record
+from streams.retry import until_done
 
 log = logging.getLogger(__name__)
 
 CHECKPOINT_KEY = "controller"
-RETRY_MAX = 5.0  # longest pause between two tries of a start-up step
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,10 +129,10 @@ class ControllerService:
             nc = await connect(opts, name=f"motor-controller-{self.id}", retry_initial=True)
             stack.push_async_callback(_close, nc)
             js = nc.jetstream()
-            await _until_done(
-                "ensure the streams", lambda: ensure_streams(js, self.cfg.nats, lease_ttl=ctrl.lease_ttl)
+            await until_done(
+                "ensure the streams", lambda: ensure_streams(js, self.cfg.nats, lease_ttl=ctrl.lease_ttl), log
             )
-            await _until_done("load the checkpoint", lambda: self._load_checkpoint(nc, js))
+            await until_done("load the checkpoint", lambda: self._load_checkpoint(nc, js), log)
             self._appender = Appender(js, self.fold, self.metrics)
             lead = self.leadership = Leadership(
                 nc, js, self.id, self.fold, self._appender, self.metrics, ttl=ctrl.lease_ttl, clock=self.clock
@@ -297,27 +297,6 @@ class ControllerService:
         for f in s.faults.values():
             m.open_faults.labels(f.data.level.value).inc()
         m.open_alarms.set(len(s.alarms))
-
-
-async def _until_done(what: str, step: Callable[[], Awaitable[None]]) -> None:
-    """Run a start-up step until it succeeds: NATS slow or away is waited out, not fatal."""
-    delay, tries = 0.2, 0
-    while True:
-        try:
-            await step()
-            if tries:
-                log.info("%s: done after %d failed tries", what, tries)
-            return
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            tries += 1
-            if tries == 1 or tries % 20 == 0:
-                log.warning(
-                    "cannot %s yet (%s); trying again (try %d)", what, exc or type(exc).__name__, tries
-                )
-        await asyncio.sleep(delay)
-        delay = min(delay * 2, RETRY_MAX)
 
 
 async def _forever(name: str, loop: Callable[[], Awaitable[None]]) -> None:

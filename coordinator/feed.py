@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from nats.aio.client import Client
 
 from coordinator.context import CoordinatorContext
 from core import subjects
+from streams.definitions import HB_STREAM, MOTOR_STREAM
 from streams.livefold import LiveFold
 from streams.lostlog import Loss
 from streams.poison import Skipped
@@ -30,11 +32,19 @@ HOLD_FOR = 60.0  # the longest a lost log's re-adoption may take before the new 
 def follow_log(ctx: CoordinatorContext, nc: Client, *, name: str = "coordinator") -> LiveFold:
     """A LiveFold feeding `ctx` (not started); `ctx.wait_applied` waits on it."""
 
+    motor_lag = ctx.metrics.fold_lag.labels(MOTOR_STREAM)
+    hb_lag = ctx.metrics.fold_lag.labels(HB_STREAM)
+    caught_up = ctx.caught_up
+
     def events(rec: Record) -> None:
         ctx.apply(rec.event, rec.seq)
+        if rec.appended and caught_up.is_set():  # replayed at start-up: old, not late
+            motor_lag.observe(max(0.0, time.time() - rec.appended))
 
     def heartbeats(rec: Record) -> None:
         ctx.apply(rec.event, 0)  # not a MOTOR sequence
+        if rec.appended and caught_up.is_set():
+            hb_lag.observe(max(0.0, time.time() - rec.appended))
 
     def skipped(s: Skipped) -> None:
         ctx.metrics.events_skipped.labels(s.reason).inc()

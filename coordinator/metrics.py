@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client import Histogram as PromHistogram  # core.histogram.Histogram is the lock-free one
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -225,6 +226,14 @@ class CoordinatorMetrics:
             "motor_coordinator_events_skipped",
             "Events the fold skipped: undecodable, unknown_type, newer_schema, wrong_subject, inapplicable",
             ["reason"],
+            registry=r,
+        )
+        self.fold_lag = PromHistogram(
+            "motor_coordinator_fold_lag_seconds",
+            "How far the table is behind the log: from an event's append (the stream's timestamp) "
+            "to its fold into the table, once caught up, by stream (MOTOR events, MOTOR_HB heartbeats)",
+            ["stream"],
+            buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0),
             registry=r,
         )
         self.log_lost = Counter(

@@ -6,7 +6,10 @@ registration already tells the truth about running engines). Shutdown stops the 
 unless `keep_engines` is set; a crash leaves them running for the next agent to adopt.
 
 Only a stop signal ends the agent: each part runs under `keep_running`, so a NATS error or
-timeout that escapes a part restarts that part and never stops an engine.
+timeout that escapes a part restarts that part and never stops an engine; the start-up steps
+that ask NATS (the streams, the command consumer) are tried until NATS answers
+(`streams.retry.until_done`), so a cold start of a whole fleet that keeps NATS busy past a
+request's timeout is waited out, not an exit.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ from nodeagent.suicide import suicide_watch
 from streams.connection import NatsOptions, connect
 from streams.definitions import ensure_streams
 from streams.publisher import Publisher
+from streams.retry import Abandoned, until_done
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +97,14 @@ class NodeAgent:
 
     async def run(self, stop: asyncio.Event) -> int:
         """Run until `stop` is set; return the exit code."""
+        try:
+            return await self._serve(stop)
+        except Abandoned as exc:
+            # Engines adopted so far keep running, as after a crash: the next agent adopts them.
+            log.info("node agent %s stopped during start-up: %s", self.settings.node_id, exc)
+            return 0
+
+    async def _serve(self, stop: asyncio.Event) -> int:
         s = self.settings
         build_registration(s)  # a config that cannot run fails here, before anything starts
         async with AsyncExitStack() as stack:
@@ -106,7 +118,14 @@ class NodeAgent:
             js = nc.jetstream()
             # Create what is missing, change nothing: stream settings are the controller's and
             # motor up's (a node agent's NATS user may not change them).
-            await ensure_streams(js, s.config.nats, lease_ttl=s.config.controller.lease_ttl, update=False)
+            await until_done(
+                "create the streams",
+                lambda: ensure_streams(
+                    js, s.config.nats, lease_ttl=s.config.controller.lease_ttl, update=False
+                ),
+                log,
+                stop=stop,
+            )
             publisher = Publisher(js)
             self._outbox = Outbox(publisher, self.metrics)
             self._outbox.start()
@@ -144,7 +163,7 @@ class NodeAgent:
                 attempts=cmds.command_attempts,
                 retry_delay=cmds.command_retry_delay,
             )
-            await consumer.subscribe()
+            await until_done("bind the command consumer", consumer.subscribe, log, stop=stop)
             stack.push_async_callback(consumer.close)
             self._observer = Observer(
                 nc, s.node_id, self._running, self._reregister, interval=s.resync_interval

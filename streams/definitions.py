@@ -36,6 +36,10 @@ HB_MAX_AGE = 3600.0
 CHECKPOINT_HISTORY = 4  # a few older checkpoints survive a bad write
 CHECKPOINT_MAX_VALUE = 8 * 1024 * 1024
 LEASE_TTL: float = ControllerConfig.model_fields["lease_ttl"].default
+# MOTOR holds one durable command consumer per node agent, besides every fold's ordered one.
+# A stream that sets no limit gets nats-server's `default_max_consumers` (1000 since 2.15):
+# the agent of about the 1000th node could not bind its consumer and never came up.
+MOTOR_MAX_CONSUMERS = 1_000_000
 # A request NATS permissions forbid gets no answer at all (the client logs the violation).
 NO_ANSWER = (
     "no answer (only a NATS user with JetStream admin rights may create or change streams: "
@@ -85,6 +89,7 @@ def stream_configs(cfg: NatsConfig | None = None, *, lease_ttl: float = LEASE_TT
             duplicate_window=DEDUPE_WINDOW,
             num_replicas=replicas,
             allow_direct=True,
+            max_consumers=MOTOR_MAX_CONSUMERS,
         ),
         StreamConfig(
             name=HB_STREAM,

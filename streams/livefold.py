@@ -249,7 +249,7 @@ class LiveFold:
                 skips.decode_error(stream, d.seq, d.subject, exc)
             else:
                 try:
-                    apply(Record(stream, d.seq, d.subject, ev))
+                    apply(Record(stream, d.seq, d.subject, ev, d.ts_ns / 1e9))
                 except Exception as exc:  # one inapplicable event must not stop the fold
                     skips.apply_error(stream, d.seq, d.subject, exc)
         last = batch[-1]
@@ -265,7 +265,7 @@ class LiveFold:
         assert apply is not None
         for d in batch:
             try:
-                apply(Record(HB_STREAM, d.seq, d.subject, decode(d.data, d.subject)))
+                apply(Record(HB_STREAM, d.seq, d.subject, decode(d.data, d.subject), d.ts_ns / 1e9))
             except DecodeError as exc:
                 skips.decode_error(HB_STREAM, d.seq, d.subject, exc)
             except Exception as exc:

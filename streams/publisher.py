@@ -11,7 +11,11 @@ from __future__ import annotations
 import asyncio
 import collections
 import time
+from collections.abc import Callable, Sequence
 
+import orjson
+from nats.aio.client import Client
+from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
@@ -34,9 +38,16 @@ EXPECTED_LAST_SUBJECT_SEQ_SUBJECT = "Nats-Expected-Last-Subject-Sequence-Subject
 WRONG_LAST_SEQUENCE = 10071  # JetStream error code: wrong last sequence
 
 
-def headers_for(event: EventBase) -> dict[str, str]:
-    """The headers every Motor message carries."""
-    return {MSG_ID: event.id, MOTOR_TYPE: event.type}
+def headers_for(
+    event: EventBase, expected_last_subject_seq: int | None = None, expected_subject: str | None = None
+) -> dict[str, str]:
+    """The headers every Motor message carries, and the guard when there is one (see `publish`)."""
+    hdr = {MSG_ID: event.id, MOTOR_TYPE: event.type}
+    if expected_last_subject_seq is not None:
+        hdr[EXPECTED_LAST_SUBJECT_SEQ] = str(expected_last_subject_seq)
+        if expected_subject is not None:
+            hdr[EXPECTED_LAST_SUBJECT_SEQ_SUBJECT] = expected_subject
+    return hdr
 
 
 def _api_error(exc: APIError, subject: str, expected: int | None) -> StreamsError:
@@ -68,6 +79,10 @@ class Publisher:
             collections.deque()
         )
         self._error: StreamsError | None = None
+        # Acks of `publish_batch`, on an inbox of our own: reply token -> future of the raw ack.
+        self._acks: dict[str, asyncio.Future[bytes]] = {}
+        self._ack_prefix: str | None = None
+        self._ack_count = 0
 
     async def publish(
         self,
@@ -82,11 +97,7 @@ class Publisher:
         when given (a fence: the event lands only while that subject has not moved).
         """
         subject = subjects.for_event(event)
-        hdr = headers_for(event)
-        if expected_last_subject_seq is not None:
-            hdr[EXPECTED_LAST_SUBJECT_SEQ] = str(expected_last_subject_seq)
-            if expected_subject is not None:
-                hdr[EXPECTED_LAST_SUBJECT_SEQ_SUBJECT] = expected_subject
+        hdr = headers_for(event, expected_last_subject_seq, expected_subject)
         try:
             ack = await self.js.publish(subject, encode(event), timeout=self.ack_timeout, headers=hdr)
         except APIError as exc:
@@ -105,6 +116,111 @@ class Publisher:
     def _acked(self, event: EventBase, ack: PubAck) -> None:
         if self.journal is not None:
             self.journal.record(event.id, event.type, ack.stream, int(ack.seq), bool(ack.duplicate))
+
+    async def publish_batch(
+        self,
+        events: Sequence[EventBase],
+        *,
+        expected_last_subject_seq: int | None = None,
+        expected_subject: str | None = None,
+        go_on: Callable[[], bool] | None = None,
+    ) -> list[int | StreamsError]:
+        """Publish in order without waiting for each ack (at most `window` outstanding), each
+        guarded as `publish` guards one; return every outcome in order: the stream sequence, or
+        the error. Nothing more is sent once `go_on()` is false, so the list may end early.
+
+        JetStream stores one connection's publishes in the order sent, so the log holds them in
+        this order; what is sent after one that fails may still land (a fence refuses every
+        later one too). The acks come to an inbox of our own: nats-py's `publish_async` loses a
+        refusal (its reply handler raises the APIError instead of failing the future), and a
+        fence that reads as a timeout would hide that this writer was deposed.
+        """
+        sent: collections.deque[tuple[float, str, EventBase, asyncio.Future[bytes] | StreamsError]] = (
+            collections.deque()
+        )
+        out: list[int | StreamsError] = []
+        for event in events:
+            if go_on is not None and not go_on():
+                break
+            while len(sent) >= self.window:
+                out.append(await self._outcome(*sent.popleft(), expected_last_subject_seq, expected_subject))
+            subject = subjects.for_event(event)
+            hdr = headers_for(event, expected_last_subject_seq, expected_subject)
+            try:
+                fut = await self._send(subject, encode(event), hdr)
+            except NatsError as exc:  # not sent (connection closed, buffer full): stop here
+                sent.append((0.0, subject, event, PublishFailed(f"{subject}: {exc or type(exc).__name__}")))
+                break
+            sent.append((time.monotonic() + self.ack_timeout, subject, event, fut))
+        while sent:
+            out.append(await self._outcome(*sent.popleft(), expected_last_subject_seq, expected_subject))
+        return out
+
+    async def _send(self, subject: str, body: bytes, hdr: dict[str, str]) -> asyncio.Future[bytes]:
+        """Publish with a reply subject of our ack inbox; the future gets the raw reply."""
+        nc: Client = self.js._nc
+        if self._ack_prefix is None:
+            prefix = nc.new_inbox()
+            await nc.subscribe(f"{prefix}.*", cb=self._on_ack)
+            self._ack_prefix = prefix
+        self._ack_count += 1
+        token = str(self._ack_count)
+        fut: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        self._acks[token] = fut
+        fut.add_done_callback(lambda _: self._acks.pop(token, None))
+        await nc.publish(subject, body, reply=f"{self._ack_prefix}.{token}", headers=hdr)
+        return fut
+
+    async def _on_ack(self, msg: Msg) -> None:
+        fut = self._acks.get(msg.subject.rsplit(".", 1)[1])
+        if fut is None or fut.done():
+            return
+        if msg.headers and msg.headers.get("Status") == "503":
+            fut.set_exception(NoRespondersError())
+        else:
+            fut.set_result(msg.data)
+
+    async def _outcome(
+        self,
+        deadline: float,
+        subject: str,
+        event: EventBase,
+        fut: asyncio.Future[bytes] | StreamsError,
+        expected: int | None,
+        guard: str | None,
+    ) -> int | StreamsError:
+        if isinstance(fut, StreamsError):
+            return fut
+        try:
+            if not fut.done():
+                async with asyncio.timeout(max(deadline - time.monotonic(), 0.0)):
+                    await asyncio.shield(fut)
+            reply = orjson.loads(fut.result())
+        except TimeoutError:
+            fut.cancel()
+            return PublishTimeout(f"{subject}: no ack within {self.ack_timeout}s")
+        except NoRespondersError:
+            return PublishFailed(f"{subject}: no stream takes this subject (run ensure_streams)")
+        except orjson.JSONDecodeError:
+            return PublishFailed(f"{subject}: an ack that is not JSON")
+        except asyncio.CancelledError:
+            if fut.cancelled():
+                return PublishFailed(f"{subject}: publish cancelled (connection closed?)")
+            raise
+        err = reply.get("error") if isinstance(reply, dict) else None
+        if err is not None:
+            exc = APIError(
+                code=err.get("code"), err_code=err.get("err_code"), description=err.get("description")
+            )
+            return _api_error(exc, guard or subject, expected)
+        seq = reply.get("seq") if isinstance(reply, dict) else None
+        if not isinstance(seq, int):
+            return PublishFailed(f"{subject}: an ack without a sequence: {reply!r}")
+        if self.journal is not None:
+            self.journal.record(
+                event.id, event.type, str(reply.get("stream", "")), seq, bool(reply.get("duplicate"))
+            )
+        return seq
 
     async def publish_async(self, event: EventBase) -> None:
         """Publish without waiting for the ack; waits only when `window` acks are outstanding.

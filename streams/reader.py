@@ -46,6 +46,7 @@ class Record:
     seq: int
     subject: str
     event: AnyEvent
+    appended: float = 0.0  # when the stream stored it (its timestamp, epoch seconds); 0: unknown
 
 
 class SkipCounter(SkipLog):
@@ -138,7 +139,7 @@ async def read_range(
         except DecodeError as exc:
             skips.skip(d, exc)
             continue
-        yield Record(stream, d.seq, d.subject, ev)
+        yield Record(stream, d.seq, d.subject, ev, d.ts_ns / 1e9)
 
 
 class Follower:
@@ -217,7 +218,7 @@ class Follower:
                 except DecodeError as exc:
                     self._skips.skip(d, exc)
                 else:
-                    yield Record(stream, d.seq, d.subject, ev)
+                    yield Record(stream, d.seq, d.subject, ev, d.ts_ns / 1e9)
                 # Set only once the caller has taken the record: "caught up" then means its
                 # fold already holds everything that was in the stream.
                 if d.pending == 0 and not caught_up.is_set():

@@ -32,6 +32,7 @@ from core.ids import new_id
 from core.reducer import apply
 from core.state import ClusterState, state_to_dict
 from streams.checkpoint import load_checkpoint
+from streams.definitions import MOTOR_STREAM
 from streams.publisher import Publisher
 from streams.reader import Range, read_range
 from streams.server import EmbeddedNats
@@ -257,3 +258,34 @@ async def test_a_lease_renewed_late_resumes_the_same_reign_without_a_new_announc
         assert svc._appender is not None and svc._appender.fence == fence
     leaders = [rec.event async for rec in read_range(nc) if rec.event.type == "controller.leader_changed"]
     assert [(e.data.leader_id, e.data.term) for e in leaders] == [("c1", 1)]
+
+
+async def test_a_batch_of_decisions_goes_out_before_the_first_ack(nc: Client, js: JetStreamContext) -> None:
+    # Each decision used to wait for its ack before the next went out: a cold start of 1000
+    # nodes spent most of its assembly there (`just bench fleet`). No stream and a listener
+    # that never acks: one at a time, the second would go out only after the first timed out.
+    state = ClusterState()
+    for i in range(10):
+        state = apply(state, registration(f"n{i}", f"10.3.0.{i + 1}"), i + 1)
+    ctx = Ctx.build(state, cfg(), time.time(), source="controller/t")
+    decisions = [ctx.stop(state.nodes[f"n{i}"], None, Cause(i + 1, "r", "test")) for i in range(10)]
+    appender = Appender(js, Fold(state), ControllerMetrics("t"))
+    appender.fence = 1
+    appender.publisher.ack_timeout = 3.0
+    await js.delete_stream(MOTOR_STREAM)
+    got: list[str] = []
+
+    async def listen(msg: Any) -> None:
+        got.append(msg.subject)
+
+    sub = await nc.subscribe("motor.cmd.>", cb=listen)
+    try:
+        task = asyncio.create_task(appender.append(decisions, lambda: True))
+        deadline = time.monotonic() + 2
+        while len(got) < 10:
+            assert time.monotonic() < deadline, f"only {len(got)} of 10 decisions sent before any ack"
+            await asyncio.sleep(0.02)  # the listener runs on the client's read loop
+        assert await task is Outcome.STOPPED and appender.landed == 0
+        assert got == [f"motor.cmd.n{i}.stop" for i in range(10)]  # in the order decided
+    finally:
+        await sub.unsubscribe()

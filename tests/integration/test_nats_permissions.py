@@ -382,6 +382,9 @@ async def test_the_controller_sends_commands_and_decisions_and_holds_the_lease(
     pub = Publisher(js)
     for ev in (command("n1"), instance_state(1), leader(1), fault("n1")):
         assert await pub.publish(ev) > 0
+    # The appender's pipelined batch: its acks come to an inbox of the controller's own.
+    batch = await pub.publish_batch([command("n1"), instance_state(1)])
+    assert all(isinstance(seq, int) and seq > 0 for seq in batch), batch
     last = await js.get_last_msg(MOTOR_STREAM, subjects.command("n1", "start"))  # the appender's guard
     assert last.seq > 0
     lease = Lease(js, "c1", ttl=5.0)
