@@ -8,7 +8,7 @@ for `Nats-Expected-Last-Subject-Sequence-Subject: <leader subject>`: JetStream r
 (a frozen process, a slow network). The fence replaces the per-entity subject guard: only
 the leader writes decisions, and level-based deciding on its own folded appends
 (`awaited`, derived ids) keeps it from repeating itself. A batch is pipelined: sent at once,
-its acks read in order. Nothing here raises to the caller.
+all of it or none of it landing. Nothing here raises to the caller.
 """
 
 from __future__ import annotations
@@ -96,14 +96,14 @@ class Appender:
         return seq
 
     async def append(self, decisions: Sequence[Decision], may_write: Callable[[], bool]) -> Outcome:
-        """Append a batch in order, pipelined; `landed` says how many landed (duplicates included).
+        """Append a batch in order, all or nothing; `landed` says how many landed (duplicates
+        included).
 
         Each decision went out only after the one before it had its ack, a round trip each: a
         cold start of 1000 nodes spent most of its time there (`just bench fleet`). Now the
-        batch is sent at once (JetStream stores it in the order sent) and the acks are read in
-        order; the first failure decides the outcome. A fence refuses everything after it as
-        well; after any other failure (a timeout) later decisions may have landed: they count
-        in `awaited`, so the next decide sees them folded first.
+        batch is one JetStream atomic batch (`streams.batch`): one ack, and the fence refuses
+        all of it or none. A batch holding a decision stored already goes one by one, and the
+        first failure decides the outcome.
         """
         self.landed = 0
         fence = self.fence

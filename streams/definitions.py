@@ -89,6 +89,8 @@ def stream_configs(cfg: NatsConfig | None = None, *, lease_ttl: float = LEASE_TT
             duplicate_window=DEDUPE_WINDOW,
             num_replicas=replicas,
             allow_direct=True,
+            # Decisions land as atomic batches, all or nothing (streams.batch).
+            allow_atomic=True,
             max_consumers=MOTOR_MAX_CONSUMERS,
         ),
         StreamConfig(

@@ -13,7 +13,6 @@ import collections
 import time
 from collections.abc import Callable, Sequence
 
-import orjson
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
@@ -26,7 +25,16 @@ from nats.js.errors import APIError, NoStreamResponseError
 from core import subjects
 from core.codec import encode
 from core.events import EventBase
+from core.ids import new_id
 from streams.ackjournal import AckJournal
+from streams.batch import (
+    ATOMIC_DISABLED,
+    ATOMIC_LIMIT,
+    BatchRefused,
+    batch_headers,
+    chunks,
+    read_batch_ack,
+)
 from streams.cancelling import honour_swallowed_cancel
 from streams.errors import PublishFailed, PublishTimeout, SequenceConflict, StreamsError
 
@@ -79,8 +87,11 @@ class Publisher:
             collections.deque()
         )
         self._error: StreamsError | None = None
-        # Acks of `publish_batch`, on an inbox of our own: reply token -> future of the raw ack.
+        # Acks of `publish_batch`, on an inbox of our own: reply token -> future of the raw ack
+        # (nats-py's `publish_async` raises a refusal in its reply handler instead of failing
+        # the future, so a moved fence would read as a timeout).
         self._acks: dict[str, asyncio.Future[bytes]] = {}
+        self._atomic: bool | None = None  # whether the stream takes atomic batches (None: not tried)
         self._ack_prefix: str | None = None
         self._ack_count = 0
 
@@ -125,36 +136,94 @@ class Publisher:
         expected_subject: str | None = None,
         go_on: Callable[[], bool] | None = None,
     ) -> list[int | StreamsError]:
-        """Publish in order without waiting for each ack (at most `window` outstanding), each
-        guarded as `publish` guards one; return every outcome in order: the stream sequence, or
-        the error. Nothing more is sent once `go_on()` is false, so the list may end early.
-
-        JetStream stores one connection's publishes in the order sent, so the log holds them in
-        this order; what is sent after one that fails may still land (a fence refuses every
-        later one too). The acks come to an inbox of our own: nats-py's `publish_async` loses a
-        refusal (its reply handler raises the APIError instead of failing the future), and a
-        fence that reads as a timeout would hide that this writer was deposed.
-        """
-        sent: collections.deque[tuple[float, str, EventBase, asyncio.Future[bytes] | StreamsError]] = (
-            collections.deque()
-        )
+        """Publish in order, each guarded as `publish` guards one, all or nothing a chunk at a
+        time (`streams.batch`); return every outcome in order: the stream sequence, or the
+        error. Nothing more is sent once `go_on()` is false or a chunk failed, so the list may
+        end early."""
         out: list[int | StreamsError] = []
-        for event in events:
+        for chunk in chunks(events, ATOMIC_LIMIT):
             if go_on is not None and not go_on():
                 break
-            while len(sent) >= self.window:
-                out.append(await self._outcome(*sent.popleft(), expected_last_subject_seq, expected_subject))
-            subject = subjects.for_event(event)
-            hdr = headers_for(event, expected_last_subject_seq, expected_subject)
-            try:
-                fut = await self._send(subject, encode(event), hdr)
-            except NatsError as exc:  # not sent (connection closed, buffer full): stop here
-                sent.append((0.0, subject, event, PublishFailed(f"{subject}: {exc or type(exc).__name__}")))
+            got = None
+            if len(chunk) > 1 and self._atomic is not False:
+                got = await self._atomic_batch(chunk, expected_last_subject_seq, expected_subject)
+            if got is None:  # one message, or the stream takes no batch of these: one at a time
+                got = await self._one_by_one(chunk, expected_last_subject_seq, expected_subject, go_on)
+            out += got
+            if len(got) < len(chunk) or not all(isinstance(o, int) for o in got):
                 break
-            sent.append((time.monotonic() + self.ack_timeout, subject, event, fut))
-        while sent:
-            out.append(await self._outcome(*sent.popleft(), expected_last_subject_seq, expected_subject))
         return out
+
+    async def _one_by_one(
+        self,
+        events: Sequence[EventBase],
+        expected: int | None,
+        guard: str | None,
+        go_on: Callable[[], bool] | None,
+    ) -> list[int | StreamsError]:
+        out: list[int | StreamsError] = []
+        for i, event in enumerate(events):
+            if i and go_on is not None and not go_on():
+                break
+            try:
+                out.append(
+                    await self.publish(event, expected_last_subject_seq=expected, expected_subject=guard)
+                )
+            except StreamsError as exc:
+                out.append(exc)
+                break
+        return out
+
+    async def _atomic_batch(
+        self, events: Sequence[EventBase], expected: int | None, guard: str | None
+    ) -> list[int | StreamsError] | None:
+        """One atomic batch, one ack; None when the stream refuses it as a batch."""
+        nc: Client = self.js._nc
+        batch_id = new_id()
+        last = len(events) - 1
+        first_subject = subjects.for_event(events[0])
+        fut: asyncio.Future[bytes] | None = None
+        try:
+            for i, event in enumerate(events):
+                hdr = headers_for(event, expected, guard)
+                hdr.update(batch_headers(batch_id, i, commit=i == last))
+                body = encode(event)
+                if i == last:
+                    fut = await self._send(subjects.for_event(event), body, hdr)
+                else:
+                    await nc.publish(subjects.for_event(event), body, headers=hdr)
+        except NatsError as exc:  # not all sent: an uncommitted batch is dropped by the server
+            return [PublishFailed(f"{first_subject}: {exc or type(exc).__name__}")] * len(events)
+        assert fut is not None
+        try:
+            async with asyncio.timeout(self.ack_timeout):  # not wait_for: it can eat a cancel
+                raw = await asyncio.shield(fut)
+        except TimeoutError:
+            fut.cancel()
+            # All of it landed or none of it: the next decide finds out from the log.
+            return [PublishTimeout(f"{first_subject}: no ack of a batch within {self.ack_timeout}s")] * len(
+                events
+            )
+        except NoRespondersError:
+            return [
+                PublishFailed(f"{first_subject}: no stream takes this subject (run ensure_streams)")
+            ] * len(events)
+        verdict = read_batch_ack(raw, len(events))
+        if isinstance(verdict, BatchRefused):
+            if verdict.code == ATOMIC_DISABLED:
+                self._atomic = False
+            return None
+        if isinstance(verdict, APIError):
+            return [_api_error(verdict, guard or first_subject, expected)] * len(events)
+        if isinstance(verdict, str):  # the server stored them one by one: it knows no batches
+            self._atomic = False
+            return [PublishFailed(f"{first_subject}: {verdict}")] * len(events)
+        self._atomic = True
+        stream, seqs = verdict
+        if self.journal is not None:
+            for event, seq in zip(events, seqs, strict=True):
+                self.journal.record(event.id, event.type, stream, seq, False)
+        return list(seqs)
 
     async def _send(self, subject: str, body: bytes, hdr: dict[str, str]) -> asyncio.Future[bytes]:
         """Publish with a reply subject of our ack inbox; the future gets the raw reply."""
@@ -179,48 +248,6 @@ class Publisher:
             fut.set_exception(NoRespondersError())
         else:
             fut.set_result(msg.data)
-
-    async def _outcome(
-        self,
-        deadline: float,
-        subject: str,
-        event: EventBase,
-        fut: asyncio.Future[bytes] | StreamsError,
-        expected: int | None,
-        guard: str | None,
-    ) -> int | StreamsError:
-        if isinstance(fut, StreamsError):
-            return fut
-        try:
-            if not fut.done():
-                async with asyncio.timeout(max(deadline - time.monotonic(), 0.0)):
-                    await asyncio.shield(fut)
-            reply = orjson.loads(fut.result())
-        except TimeoutError:
-            fut.cancel()
-            return PublishTimeout(f"{subject}: no ack within {self.ack_timeout}s")
-        except NoRespondersError:
-            return PublishFailed(f"{subject}: no stream takes this subject (run ensure_streams)")
-        except orjson.JSONDecodeError:
-            return PublishFailed(f"{subject}: an ack that is not JSON")
-        except asyncio.CancelledError:
-            if fut.cancelled():
-                return PublishFailed(f"{subject}: publish cancelled (connection closed?)")
-            raise
-        err = reply.get("error") if isinstance(reply, dict) else None
-        if err is not None:
-            exc = APIError(
-                code=err.get("code"), err_code=err.get("err_code"), description=err.get("description")
-            )
-            return _api_error(exc, guard or subject, expected)
-        seq = reply.get("seq") if isinstance(reply, dict) else None
-        if not isinstance(seq, int):
-            return PublishFailed(f"{subject}: an ack without a sequence: {reply!r}")
-        if self.journal is not None:
-            self.journal.record(
-                event.id, event.type, str(reply.get("stream", "")), seq, bool(reply.get("duplicate"))
-            )
-        return seq
 
     async def publish_async(self, event: EventBase) -> None:
         """Publish without waiting for the ack; waits only when `window` acks are outstanding.

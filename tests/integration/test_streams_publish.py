@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 
 import pytest
@@ -112,12 +113,59 @@ async def test_publish_batch_sends_the_batch_before_any_ack(js: JetStreamContext
         await sub.unsubscribe()
 
 
-async def test_publish_batch_sends_nothing_more_once_told_to_stop(js: JetStreamContext) -> None:
-    budget = iter([True, True, True])
-    outcomes = await Publisher(js).publish_batch(mixed(10), go_on=lambda: next(budget, False))
+async def test_publish_batch_sends_nothing_once_told_to_stop(js: JetStreamContext) -> None:
+    outcomes = await Publisher(js).publish_batch(mixed(10), go_on=lambda: False)
 
-    assert len(outcomes) == 3 and all(isinstance(o, int) for o in outcomes)
-    assert (await js.stream_info(MOTOR_STREAM)).state.messages == 3
+    assert outcomes == []
+    assert (await js.stream_info(MOTOR_STREAM)).state.messages == 0
+
+
+async def test_a_batch_past_the_servers_limit_goes_in_chunks_each_whole(
+    js: JetStreamContext, nc: Client
+) -> None:
+    events = mixed(1200)  # nats-server takes at most 1000 messages in one atomic batch
+    asked = 0
+
+    def go_on() -> bool:
+        nonlocal asked
+        asked += 1
+        return True
+
+    outcomes = await Publisher(js).publish_batch(events, go_on=go_on)
+
+    assert asked == 2  # once a chunk: the lease is looked at before each
+    assert outcomes == list(range(1, 1201))  # contiguous, in order
+    assert [r.event.id async for r in read_range(nc)] == [e.id for e in events]
+
+
+async def test_a_batch_holding_a_decision_already_stored_goes_one_by_one_deduplicated(
+    js: JetStreamContext, nc: Client
+) -> None:
+    # An atomic batch refuses a message id it has stored (it does not deduplicate): the batch
+    # is sent one at a time instead, where the stored one is acknowledged as a duplicate.
+    events = mixed(6)
+    pub = Publisher(js)
+    first = await pub.publish(events[3])
+    outcomes = await pub.publish_batch(events)
+
+    assert all(isinstance(o, int) for o in outcomes), outcomes
+    assert outcomes[3] == first
+    assert sorted([r.event.id async for r in read_range(nc)]) == sorted(e.id for e in events)
+    assert (await js.stream_info(MOTOR_STREAM)).state.messages == 6
+
+
+async def test_a_stream_without_atomic_batches_takes_them_one_by_one(
+    js: JetStreamContext, nc: Client
+) -> None:
+    info = await js.stream_info(MOTOR_STREAM)
+    await js.update_stream(dataclasses.replace(info.config, allow_atomic=False))
+    pub = Publisher(js)
+    events = mixed(5)
+    outcomes = await pub.publish_batch(events)
+
+    assert outcomes == [1, 2, 3, 4, 5]
+    assert pub._atomic is False  # found out once, not asked again
+    assert [r.event.id async for r in read_range(nc)] == [e.id for e in events]
 
 
 async def test_publish_batch_to_a_subject_without_stream_is_a_clear_error(js: JetStreamContext) -> None:
