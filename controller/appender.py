@@ -7,7 +7,7 @@ for `Nats-Expected-Last-Subject-Sequence-Subject: <leader subject>`: JetStream r
 (`Fenced`) once any other controller has announced itself, however late the write arrives
 (a frozen process, a slow network). The fence replaces the per-entity subject guard: only
 the leader writes decisions, and level-based deciding on its own folded appends
-(`awaited`, derived ids) keeps it from repeating itself. A batch is pipelined: sent at once,
+(`awaited`, derived ids) keeps it from repeating itself. A batch is one atomic batch: sent at once,
 all of it or none of it landing. Nothing here raises to the caller.
 """
 
