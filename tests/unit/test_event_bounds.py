@@ -1,0 +1,192 @@
+"""Issue 24: integers (and floats) from the log are bounded in the event schema.
+
+A hostile or broken producer's out-of-bound value makes its event undecodable (poison: skipped
+and counted), so it never reaches a reducer, a decision, routing or an encoder. Each test is
+named after what the value did before.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import orjson
+import pytest
+
+from controller.leadership import reign_term
+from controller.state_queries import outranking_term
+from coordinator.table import RoutingTable
+from core.codec import decode, encode
+from core.errors import DecodeError
+from core.events import EventBase
+from core.reducer import fold
+from streams.checkpoint import encode_checkpoint
+from tests.unit.controller_log import Log, config
+from tests.unit.coord_events import heartbeat, instance_events, refreshed, seed_instance
+from tests.unit.factories import registered
+
+
+def hostile(ev: EventBase, path: str, value: Any) -> bytes:
+    """`ev` on the wire with the field at dotted `path` set to `value` (stdlib json: it writes
+    integers of any size, NaN and Infinity, as a rogue producer may)."""
+    raw = orjson.loads(encode(ev))
+    *head, last = path.split(".")
+    node: Any = raw
+    for key in head:
+        node = node[int(key)] if isinstance(node, list) else node[key]
+    if isinstance(node, list):
+        node[int(last)] = value
+    else:
+        node[last] = value
+    return json.dumps(raw).encode()
+
+
+def _up() -> Log:
+    """A leader of term 1 and one union instance whose node re-registered, so a start is out."""
+    log = Log(config(union=1))
+    log.lead(1)
+    log.register("n1")
+    log.bring_up()
+    log.register("n1")  # without engines, as after a purge: the instance is started again
+    log.settle()
+    assert log.state.nodes["n1"].start_cmd is not None
+    return log
+
+
+def _stale_term_refusal(log: Log, seen_term: int) -> bytes:
+    log.refused("n1", "stale_term", seen_term=0)
+    _, ev = log.events.pop()
+    return hostile(ev, "data.seen_term", seen_term)
+
+
+# ------------------------------------------------------------------ terms
+
+
+def test_a_refusal_naming_seen_term_2_64_minus_1_is_poison_not_a_reign_no_encoder_can_write() -> None:
+    """The leader announced a reign past it, 2**64, which orjson (the lease, every checkpoint)
+    cannot write: no controller could lead again."""
+    with pytest.raises(DecodeError, match="seen_term"):
+        decode(_stale_term_refusal(_up(), 2**64 - 1))
+
+
+def test_the_largest_seen_term_a_node_may_name_leaves_every_later_reign_writable() -> None:
+    from controller.leader import lease_value
+    from core.bounds import MAX_SEEN_TERM, MAX_TERM
+
+    log = _up()
+    log.add(decode(_stale_term_refusal(log, MAX_SEEN_TERM)))
+    seen = outranking_term(log.state)
+    assert seen == MAX_SEEN_TERM
+    term = reign_term(1, 1, seen)
+    assert term == MAX_SEEN_TERM + 1
+    log.lead(term)
+    encode_checkpoint(log.state)
+    lease_value("c1", term)
+    # 2**52 reigns still to come, and the last one is announced again rather than past the bound.
+    assert MAX_TERM - term == 2**52 - 2
+    assert reign_term(MAX_TERM, MAX_TERM, MAX_TERM) == MAX_TERM
+    assert decode(hostile(log.events[-1][1], "data.term", MAX_TERM)).data.term == MAX_TERM
+    with pytest.raises(DecodeError, match="term"):
+        decode(hostile(log.events[-1][1], "data.term", MAX_TERM + 1))
+
+
+# ------------------------------------------------------------------ what nodes report
+
+
+NODE = registered("n1", ip="10.0.0.1")
+HEARTBEAT = heartbeat("n1", (0, 1, 2))
+
+
+@pytest.mark.parametrize(
+    ("event", "path", "value"),
+    [
+        (NODE, "data.endpoints.0.business_port", 70000),
+        (NODE, "data.endpoints.0.business_port", 0),
+        (NODE, "data.endpoints.0.mgmt_port", -1),
+        (NODE, "data.endpoints.0.bootstrap_port", 65536),
+        (NODE, "data.endpoints.0.id", -1),
+        (NODE, "data.capacity.max_seq_len", -4096),
+        (NODE, "data.capacity.total_slots", 2**31),
+        (NODE, "data.parallel.tp", 0),
+        (NODE, "data.instance_id", 2**64 - 1),
+        (NODE, "data.running_endpoints", [-3]),
+        (HEARTBEAT, "data.endpoints.0.avail_slots", -5),
+        (HEARTBEAT, "data.endpoints.0.running", -1),
+        (HEARTBEAT, "data.endpoints.0.waiting", 2**63),
+        (HEARTBEAT, "data.endpoints.0.avail_blocks", 2**64),
+        (HEARTBEAT, "ts", float("inf")),
+        (HEARTBEAT, "ts", 1e300),  # no tool can show a time past the year 9999
+        (HEARTBEAT, "caused_by", {"id": "x", "seq": -1}),
+    ],
+)
+def test_a_node_reporting_an_out_of_range_number_is_poison(event: EventBase, path: str, value: Any) -> None:
+    """A port of 70000 or a negative load reached routing and the controller unchecked."""
+    with pytest.raises(DecodeError, match=path.split(".")[-1] if path != "caused_by" else "seq"):
+        decode(hostile(event, path, value))
+
+
+def test_a_registration_with_business_port_70000_never_reaches_the_routing_table() -> None:
+    events = instance_events(1, "union")  # type: ignore[arg-type]
+    wire = [
+        hostile(ev, "data.endpoints.0.business_port", 70000) if i == 0 else encode(ev)
+        for i, ev in enumerate(events)
+    ]
+    decoded = []
+    for b in wire:
+        try:
+            decoded.append(decode(b))
+        except DecodeError:
+            continue  # the fold skips it as poison
+    table = RoutingTable()
+    table.apply_all(enumerate(decoded, 1))
+    assert [e.port for e in table.routable()] == []
+
+
+# ------------------------------------------------------------------ refreshed instances
+
+
+def test_a_refresh_entry_holding_an_integer_past_64_bits_is_poison() -> None:
+    """It folded, and then every checkpoint of the controller raised `Integer exceeds 64-bit range`."""
+    ev = refreshed([seed_instance(7)])
+    with pytest.raises(DecodeError, match="instances"):
+        decode(hostile(ev, "data.instances.0.static_info.group_id", 2**70))
+
+
+def test_a_refresh_entry_nested_300_deep_is_poison() -> None:
+    """It folded, and then every checkpoint raised orjson's `Recursion limit reached`."""
+    deep: Any = 1
+    for _ in range(300):
+        deep = {"a": deep}
+    ev = refreshed([seed_instance(7)])
+    with pytest.raises(DecodeError, match="instances"):
+        decode(hostile(ev, "data.instances.0.x", deep))
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_a_refresh_entry_holding_nan_or_infinity_is_poison(value: float) -> None:
+    """orjson writes NaN as null: a checkpoint would restore another state than the fold's."""
+    ev = refreshed([seed_instance(7)])
+    with pytest.raises(DecodeError, match="instances"):
+        decode(hostile(ev, "data.instances.0.port", value))
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("port", "70000"),
+        ("port", -1),
+        ("port", "8080.5"),
+        ("port", "¹"),
+        ("bootstrap_port", 0),
+        ("id", -5),
+    ],
+)
+def test_a_refreshed_instance_with_an_unusable_number_is_not_routed_and_routing_goes_on(
+    field: str, value: Any
+) -> None:
+    """The refresh API validates what it writes; anyone else's entry reached routing as it was."""
+    good = seed_instance(8, port="1030")
+    bad = seed_instance(7) | {field: value}
+    state = fold(enumerate([refreshed([good]), refreshed([bad], event="add", ids=[7])], 1))
+    table = RoutingTable(state)
+    assert [(e.key, e.port) for e in table.routable()] == [("ext/8", 1030)]
