@@ -190,3 +190,72 @@ def test_a_refreshed_instance_with_an_unusable_number_is_not_routed_and_routing_
     state = fold(enumerate([refreshed([good]), refreshed([bad], event="add", ids=[7])], 1))
     table = RoutingTable(state)
     assert [(e.key, e.port) for e in table.routable()] == [("ext/8", 1030)]
+
+
+# ------------------------------------------------------------------ what the controller counts up
+
+
+def test_a_restart_count_past_any_real_one_waits_the_longest_backoff() -> None:
+    """`restart_backoff_initial * 2 ** (crashes - 2)` raised OverflowError past ~1024 crashes."""
+    from controller.instance_rules import restart_delay
+    from core.bounds import MAX_COUNT
+    from core.config import ControllerConfig
+
+    ctrl = ControllerConfig()
+    assert restart_delay(ctrl, MAX_COUNT + 1) == ctrl.restart_backoff_max
+    assert restart_delay(ctrl, 1100) == ctrl.restart_backoff_max
+    assert [restart_delay(ctrl, n) for n in (1, 2, 3, 4)] == [0.0, 1.0, 2.0, 4.0]
+
+
+def test_an_isolated_instance_whose_start_counted_the_most_restarts_is_restarted_within_bounds() -> None:
+    """A start in the log with the largest `restarts` (another tool's, an older controller's):
+    the backoff after it overflowed, and the start after it counted one more, which raised."""
+    from core.bounds import MAX_COUNT
+    from core.events import FaultLevel, InstanceState, InstanceStateChanged, InstanceStateChangedData
+
+    log = Log(config(union=1))
+    log.lead(1)
+    log.register("n1")
+    while log.state.nodes["n1"].start_cmd is None:
+        for d in log.decide():
+            ev = d.event
+            log.add(decode(hostile(ev, "data.restarts", MAX_COUNT)) if ev.type == "command.start" else ev)
+    log.agents()
+    log.settle()
+    assert log.inst(1) == InstanceState.ACTIVE
+    data = InstanceStateChangedData(instance_id=1, state=InstanceState.ISOLATED, reason="operator")
+    log.add(InstanceStateChanged(id="iso", ts=log.now, source="operator", data=data))
+    log.fault("n1", FaultLevel.L3)
+    for _ in range(3):
+        log.settle()
+        log.agents()
+        log.tick(70.0)
+    restarts = [e.data.restarts for _, e in log.events if e.type == "command.start"]
+    assert restarts == [MAX_COUNT, MAX_COUNT], restarts
+
+
+def test_assembly_past_the_last_instance_id_assembles_nothing() -> None:
+    """An instance of the last id in the log (another tool's): the next one would have been
+    past every id an event may carry, and decide raised building it."""
+    from core.bounds import MAX_INSTANCE_ID
+    from tests.unit.factories import assembled
+
+    log = Log(config(union=2))
+    log.lead(1)
+    log.register("n1")
+    log.add(decode(hostile(assembled(1, ["n1"]), "data.instance_id", MAX_INSTANCE_ID)))
+    log.register("n2")
+    assert [d.event.type for d in log.decide() if d.event.type == "instance.assembled"] == []
+
+
+def test_a_node_claiming_the_largest_instance_id_it_may_leaves_room_for_new_ones() -> None:
+    from core.bounds import MAX_REPORTED_INSTANCE_ID
+
+    log = Log(config(union=2))
+    log.lead(1)
+    log.register("n1", instance_id=MAX_REPORTED_INSTANCE_ID, running_endpoints=(0,))
+    log.register("n2")
+    made = [d.event for d in log.decide() if d.event.type == "instance.assembled"]
+    ids = sorted(e.data.instance_id for e in made)
+    assert ids == [MAX_REPORTED_INSTANCE_ID, MAX_REPORTED_INSTANCE_ID + 1]
+    assert all(decode(encode(e)) == e for e in made)
