@@ -303,6 +303,8 @@ def _settle(ctx: Ctx, inst: InstanceRecord, nodes: list[NodeRecord]) -> list[Dec
                         f"{n.node_id}/{e} {label}",
                     )
                 )
+    if not bad:
+        return []  # a start that named no endpoint (no agent applies one): nothing to report
     seq, eid, _ = max(bad)
     why = "endpoints not READY: " + ", ".join(b[2] for b in sorted(bad))
     return [ctx.state_change(inst, InstanceState.DEGRADED, Cause(seq, eid, why))]
