@@ -259,3 +259,24 @@ def test_a_node_claiming_the_largest_instance_id_it_may_leaves_room_for_new_ones
     ids = sorted(e.data.instance_id for e in made)
     assert ids == [MAX_REPORTED_INSTANCE_ID, MAX_REPORTED_INSTANCE_ID + 1]
     assert all(decode(encode(e)) == e for e in made)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["fault", "report", "--node", "n1", "--code", "x", "--level", "L3", "--instance", "-1"],
+        ["fault", "report", "--node", "n1", "--code", "x", "--level", "L3", "--endpoint", str(2**32)],
+        ["precision", "raise", "--d-instance", str(2**64)],
+        ["precision", "clear", "--d-instance", "1", "--p-instance", "-2"],
+    ],
+)
+def test_an_operator_naming_a_number_no_event_may_carry_gets_a_usage_error(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The event's bounds refused it in the middle of publishing, with a pydantic traceback."""
+    from deploy.cli import build_parser
+
+    with pytest.raises(SystemExit) as exc:
+        build_parser().parse_args(argv)
+    assert exc.value.code == 2
+    assert f"argument {argv[-2]}: {argv[-1]} is outside" in capsys.readouterr().err
