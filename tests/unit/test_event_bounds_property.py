@@ -5,9 +5,9 @@
 - A number out of its bounds makes the event undecodable: poison, skipped and counted.
 - No decodable event, of any type, with any value within bounds (the bounds included), makes
   anything raise on a cluster that is up: the codec round-trips it, the reducer folds it, the
-  controller decides on it (and every decision decodes), the next reign's term, the lease and
-  the checkpoint are written, and the coordinator's table folds it and routes only ports and
-  loads that can be.
+  controller decides on it (and every decision decodes), the next reign's term, the lease,
+  the checkpoint and the controller's HTTP views are written, and the coordinator's table
+  folds it and routes only ports and loads that can be.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from controller.leader import lease_value
 from controller.leadership import reign_term
 from controller.state_queries import outranking_term
+from controller.views import alarms_view, instances_view, nodes_view
 from coordinator.model_limits import model_limits
 from coordinator.table import RoutingTable
 from core.bounds import INT64_MIN, UINT64_MAX
@@ -37,6 +38,7 @@ from core.events import (
     Role,
     StartCommand,
 )
+from core.redact import redact
 from core.reducer import apply
 from core.state import ClusterState, state_to_dict
 from streams.checkpoint import decode_checkpoint, encode_checkpoint
@@ -167,6 +169,9 @@ def test_no_decodable_event_makes_a_fold_a_decision_or_an_encoder_raise(
     nxt = reign_term(term, term, outranking_term(state))
     LeaderChangedData(leader_id="c1", term=nxt)
     lease_value("c1", nxt)
+    # The controller's HTTP views, encoded as it answers them.
+    orjson.dumps(redact(state_to_dict(state)))
+    orjson.dumps([instances_view(state), nodes_view(state), alarms_view(state)])
     # The checkpoint holds the state exactly.
     stored = decode_checkpoint(encode_checkpoint(state))
     assert orjson.loads(orjson.dumps(state_to_dict(stored))) == orjson.loads(
