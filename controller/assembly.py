@@ -17,6 +17,7 @@ from __future__ import annotations
 from controller.instance_rules import terminate
 from controller.rule_context import Cause, Ctx, Decision
 from controller.state_queries import assemblable, is_borrowed, stop_outstanding
+from core.bounds import MAX_INSTANCE_ID
 from core.config import EngineSection
 from core.events import InstanceAssembledData, InstanceMember, InstanceState, Role
 from core.state import InstanceRecord, NodeRecord
@@ -136,6 +137,10 @@ class _Plan:
         readopted = iid is not None
         if iid is None:
             iid = max(self.next_id, self.claimed_floor)
+        if iid > MAX_INSTANCE_ID:
+            # The log holds an instance of the last id an event may carry (`core.bounds`: out
+            # of reach in practice): no event could name another, so none is assembled.
+            return
         self.next_id = max(self.next_id, iid + 1)
         self.taken.update(n.node_id for n in picked)
         members = tuple(

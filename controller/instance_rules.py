@@ -23,6 +23,7 @@ from controller.state_queries import (
     start_for,
     statuses_since,
 )
+from core.bounds import MAX_COUNT
 from core.config import ControllerConfig
 from core.events import EndpointStatus, FaultLevel, InstanceMember, InstanceState
 from core.ids import derive_id
@@ -197,7 +198,10 @@ def restart_delay(ctrl: ControllerConfig, crashes: int) -> float:
     """How long the restart after the `crashes`-th crash in a row waits (the first: not at all)."""
     if crashes <= 1:
         return 0.0
-    return min(ctrl.restart_backoff_initial * 2 ** (crashes - 2), ctrl.restart_backoff_max)
+    # The count comes from the log (`restarts`, up to MAX_COUNT): 2.0 ** 1023 is the largest
+    # power of two a float holds, far past any backoff_max from any initial delay there is.
+    doublings = min(crashes - 2, 1023)
+    return min(ctrl.restart_backoff_initial * 2.0**doublings, ctrl.restart_backoff_max)
 
 
 def crashes_in_a_row(ctx: Ctx, inst: InstanceRecord, nodes: list[NodeRecord], at: float) -> int:
@@ -211,7 +215,8 @@ def crashes_in_a_row(ctx: Ctx, inst: InstanceRecord, nodes: list[NodeRecord], at
         return 0
     if at - inst.active_ts >= ctx.cfg.controller.restart_reset_after:
         return 1
-    return max(restarts_of(c) for c in prevs) + 1
+    # Never past what a start may carry (`core.bounds`): a start counted the most already.
+    return min(max(restarts_of(c) for c in prevs) + 1, MAX_COUNT)
 
 
 def _fail_over(
@@ -298,6 +303,8 @@ def _settle(ctx: Ctx, inst: InstanceRecord, nodes: list[NodeRecord]) -> list[Dec
                         f"{n.node_id}/{e} {label}",
                     )
                 )
+    if not bad:
+        return []  # a start that named no endpoint (no agent applies one): nothing to report
     seq, eid, _ = max(bad)
     why = "endpoints not READY: " + ", ".join(b[2] for b in sorted(bad))
     return [ctx.state_change(inst, InstanceState.DEGRADED, Cause(seq, eid, why))]

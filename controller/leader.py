@@ -36,6 +36,11 @@ class Holder:
     revision: int = 0
 
 
+def lease_value(controller_id: str, term: int) -> bytes:
+    """The lease key's value: who holds it, for which reign."""
+    return orjson.dumps({"id": controller_id, "term": term})
+
+
 def renew_every(ttl: float) -> float:
     """How often the holder renews: five tries before its own view of the lease runs out."""
     return ttl / 5
@@ -74,7 +79,7 @@ class Lease:
         return self.held and time.monotonic() < self._valid_until - margin
 
     def _value(self) -> bytes:
-        return orjson.dumps({"id": self.id, "term": self.term})
+        return lease_value(self.id, self.term)
 
     def _failed(self, what: str, exc: BaseException) -> None:
         if not self._failing:

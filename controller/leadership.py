@@ -23,6 +23,7 @@ from controller.metrics import ControllerMetrics
 from controller.rule_context import Decision
 from controller.state_queries import outranking_term
 from core import subjects
+from core.bounds import MAX_TERM
 from core.events import LeaderChanged, LeaderChangedData
 from core.ids import derive_id
 from streams.definitions import MOTOR_STREAM
@@ -66,6 +67,7 @@ class Leadership:
         self.took_over_at = 0.0  # wall clock: the heartbeat grace starts here too
         # The highest term this controller has folded, kept across a lost log (`remember_terms`).
         self.term_floor = 0
+        self._terms_spent = False  # MAX_TERM reached: said once
 
     def may_write(self) -> bool:
         """Leading, and the lease cannot have lapsed on the server yet."""
@@ -117,7 +119,7 @@ class Leadership:
                 self.step_down("the lease lapsed")
             await caught_up.wait()
             s = self.fold.state
-            if not await lease.acquire(term=(s.leader.term if s.leader else 0) + 1):
+            if not await lease.acquire(term=reign_term(1, s.leader.term if s.leader else None, 0)):
                 await asyncio.sleep(poll_every(ttl))
 
     def remember_terms(self) -> None:
@@ -211,6 +213,12 @@ class Leadership:
         seen = outranking_term(self.fold.state)
         if not self.may_write() or seen < self.lease.term:
             return False
+        if self.lease.term >= MAX_TERM:
+            # No reign can be named past this one; announcing it again would change nothing.
+            if not self._terms_spent:
+                log.error("node agents obeyed term %d, but this reign has the last term there is", seen)
+            self._terms_spent = True
+            return False
         log.warning(
             "node agents obeyed term %d, this reign is term %d: announcing a newer one", seen, self.lease.term
         )
@@ -224,5 +232,11 @@ class Leadership:
 
 def reign_term(lease_term: int, folded_term: int | None, floor: int) -> int:
     """The term a new reign announces: past the log's last leader and past any term folded
-    before a lost log (`floor`), or the lease's own when it is already higher."""
-    return max(lease_term, folded_term + 1 if folded_term is not None else 0, floor + 1 if floor else 0)
+    before a lost log (`floor`), or the lease's own when it is already higher.
+
+    Never past MAX_TERM, the last term an event may carry (`core.bounds` says why that is
+    out of reach): the last reign is announced again instead, still fenced by its own
+    announcement's sequence, so the controller never writes an event nobody can decode.
+    """
+    past = max(lease_term, folded_term + 1 if folded_term is not None else 0, floor + 1 if floor else 0)
+    return min(past, MAX_TERM)

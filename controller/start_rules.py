@@ -19,6 +19,7 @@ from controller.state_queries import (
     started_after,
     statuses_since,
 )
+from core.bounds import MAX_COUNT
 from core.events import FaultLevel
 from core.ids import derive_id
 from core.state import InstanceRecord, NodeRecord, StartRecord
@@ -33,7 +34,7 @@ def _next_attempt(inst: InstanceRecord, prev: StartRecord | None) -> int:
     """A start that led to ACTIVE resets the count; one that did not is a failed attempt."""
     if prev is None or inst.active_seq > prev.seq:
         return 1
-    return prev.data.attempt + 1
+    return min(prev.data.attempt + 1, MAX_COUNT)  # a start may carry no more (`core.bounds`)
 
 
 def start_or_give_up(

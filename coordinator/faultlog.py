@@ -26,6 +26,7 @@ from prometheus_client import Counter
 
 from coordinator.breaker import BreakerState, CircuitChange
 from coordinator.table import RoutingTable
+from core.bounds import MAX_COUNT, MAX_TIMESTAMP
 from core.events import (
     CircuitChanged,
     CircuitChangedData,
@@ -180,8 +181,10 @@ class FaultLog:
             **where,
             state="open" if change.state == BreakerState.OPEN else "closed",
             reason=change.reason,
-            failures=change.failures,
-            backoff_s=change.backoff,
+            # At most what an event may carry (`core.bounds`): a breaker configured without an
+            # upper bound (`backoff_max: .inf`) must not make the request that opened it raise.
+            failures=min(change.failures, MAX_COUNT),
+            backoff_s=min(change.backoff, MAX_TIMESTAMP),
             pid=inc.pid if inc is not None else None,
             ready_seq=inc.ready_seq if inc is not None else None,
         )

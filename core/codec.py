@@ -88,23 +88,34 @@ def _decode(data: bytes | str) -> AnyEvent:
         # anything only lax validation accepts (a hand-written "1" for an int) still decodes.
         ev = ADAPTER.validate_json(data, strict=True)
     except ValidationError:
-        ev = None
-    if ev is None:
         try:
             ev = ADAPTER.validate_json(data)
-        except ValidationError:
-            ev = None
-    if ev is None:
-        try:
-            raw = orjson.loads(data)
-        except orjson.JSONDecodeError as exc:
-            raise DecodeError(f"not JSON: {exc}") from None
-        if not isinstance(raw, dict):
-            raise DecodeError("event is not a JSON object") from None
-        return decode_dict(raw)
+        except ValidationError as exc:
+            return _refused(data, exc)
     if ev.schema_version != ev.SCHEMA_VERSION:
         return decode_dict(orjson.loads(data))
     return ev
+
+
+def _refused(data: bytes | str, exc: ValidationError) -> AnyEvent:
+    """An event JSON validation refused: an older shape to upcast, else a DecodeError saying why.
+
+    Only an upcast is validated again, from a dict: orjson reads an integer past 64 bits as a
+    float and nests deeper than the JSON validator, so a second chance for a current-schema
+    event would let through a value out of its bounds (`core.bounds`).
+    """
+    try:
+        raw = orjson.loads(data)
+    except orjson.JSONDecodeError as jexc:
+        if any(e["type"] == "json_invalid" for e in exc.errors()):
+            raise DecodeError(f"not JSON: {jexc}") from None
+        raise DecodeError(f"invalid event: {_short(exc)}") from None  # NaN: JSON to pydantic only
+    if not isinstance(raw, dict):
+        raise DecodeError("event is not a JSON object") from None
+    lifted = upcast(raw)  # an unknown type, a newer schema or a missing upcaster raises here
+    if lifted is raw:
+        raise DecodeError(f"invalid {raw.get('type')!r} event: {_short(exc)}") from None
+    return decode_dict(lifted)
 
 
 def decode_dict(raw: dict[str, Any]) -> AnyEvent:

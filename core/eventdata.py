@@ -3,14 +3,37 @@
 Frozen pydantic models that ignore fields they do not know (a newer producer must not break
 an older reader). The envelopes that carry these payloads, with their type names and
 subjects, are `core.events`.
+
+Every number has bounds here (`core.bounds`): an event with an out-of-range one does not
+decode, so a hostile or broken producer's value is poison, skipped and counted, never folded.
 """
 
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from core.bounds import (
+    Attempt,
+    Count,
+    Duration,
+    EndpointId,
+    ExitCode,
+    InstanceId,
+    InstanceRef,
+    JsonObject,
+    Pid,
+    Port,
+    Rank,
+    ReportedInstanceId,
+    SeenTerm,
+    Seq,
+    Size,
+    Term,
+    Timestamp,
+)
 
 
 class Frozen(BaseModel):
@@ -62,7 +85,7 @@ class CausedBy(Frozen):
     """The event a decision answers: its stream sequence (when known) and its id."""
 
     id: str
-    seq: int | None = None
+    seq: Seq | None = None
 
 
 # --------------------------------------------------------------------------- shared parts
@@ -71,42 +94,42 @@ class CausedBy(Frozen):
 class EndpointSpec(Frozen):
     """One engine endpoint (a DP rank) on a node, as registered and as started."""
 
-    id: int
+    id: EndpointId
     ip: str
-    business_port: int
-    mgmt_port: int
-    bootstrap_port: int | None = None
-    dp_rank: int = 0
+    business_port: Port
+    mgmt_port: Port
+    bootstrap_port: Port | None = None
+    dp_rank: Rank = 0
     headless: bool = False
 
 
 class ParallelConfig(Frozen):
-    tp: int = 1
-    pp: int = 1
-    dp: int = 1
-    dp_local: int = 1
-    nnodes: int = 1
+    tp: Size = 1
+    pp: Size = 1
+    dp: Size = 1
+    dp_local: Size = 1
+    nnodes: Size = 1
 
 
 class Capacity(Frozen):
-    max_seq_len: int = 4096
-    total_slots: int = 256
-    total_blocks: int = 1024
-    block_size: int = 16
+    max_seq_len: Count = 4096
+    total_slots: Count = 256
+    total_blocks: Count = 1024
+    block_size: Count = 16
 
 
 class EndpointLoad(Frozen):
-    id: int
+    id: EndpointId
     status: EndpointStatus
-    avail_slots: int = 0
-    avail_blocks: int = 0
-    running: int = 0
-    waiting: int = 0
+    avail_slots: Count = 0
+    avail_blocks: Count = 0
+    running: Count = 0
+    waiting: Count = 0
 
 
 class InstanceMember(Frozen):
     node_id: str
-    node_rank: int
+    node_rank: Rank
     ip: str
     endpoints: tuple[EndpointSpec, ...]
 
@@ -128,8 +151,8 @@ class NodeRegisteredData(Frozen):
     capabilities: tuple[str, ...] = ()
     agent_url: str | None = None
     # Ground truth re-asserted after a restart or a lost log tail: what the node runs now.
-    instance_id: int | None = None
-    running_endpoints: tuple[int, ...] = ()
+    instance_id: ReportedInstanceId | None = None
+    running_endpoints: tuple[EndpointId, ...] = ()
     restored: bool = False  # re-registration after a container-snapshot restore
 
 
@@ -140,7 +163,7 @@ class NodeDeregisteredData(Frozen):
 
 class HeartbeatData(Frozen):
     node_id: str
-    instance_id: int | None = None
+    instance_id: InstanceId | None = None
     endpoints: tuple[EndpointLoad, ...] = ()
     snapshot_pending: bool = False
 
@@ -149,7 +172,7 @@ class CommandAppliedData(Frozen):
     command_id: str
     node_id: str
     verb: Literal["start", "stop"]
-    instance_id: int | None = None
+    instance_id: InstanceId | None = None
 
 
 # `command.refused` code of a command older than the newest leader term its node obeyed.
@@ -160,25 +183,26 @@ class CommandRefusedData(Frozen):
     command_id: str
     node_id: str
     verb: Literal["start", "stop"]
-    instance_id: int | None = None
+    instance_id: InstanceId | None = None
     code: str  # job_mismatch | bad_endpoint | port_in_use | spawn_failed | ...
     reason: str
     # On `stale_term`: the newest leader term the node has obeyed. A leader that counted its
-    # term from a log that lost the older reigns (a purge) announces itself past it.
-    seen_term: int | None = Field(default=None, ge=0)
+    # term from a log that lost the older reigns (a purge) announces itself past it; at most
+    # MAX_SEEN_TERM, so reigns stay countable whatever a node says (`core.bounds`).
+    seen_term: SeenTerm | None = None
 
 
 class EndpointStatusChangedData(Frozen):
     node_id: str
-    endpoint_id: int
-    instance_id: int | None = None
+    endpoint_id: EndpointId
+    instance_id: InstanceId | None = None
     status: EndpointStatus
     previous: EndpointStatus | None = None
     reason: str = ""
-    exit_code: int | None = None
+    exit_code: ExitCode | None = None
     # The engine process this status is about: a READY with another pid is a new incarnation
     # (routing forgets the old one's circuit). None from older agents and other tools.
-    pid: int | None = None
+    pid: Pid | None = None
 
 
 class FaultReportedData(Frozen):
@@ -187,8 +211,8 @@ class FaultReportedData(Frozen):
     level: FaultLevel
     code: str
     message: str = ""
-    instance_id: int | None = None
-    endpoint_id: int | None = None
+    instance_id: InstanceId | None = None
+    endpoint_id: EndpointId | None = None
     kind: Literal["software", "hardware", "operator"] = "software"
 
 
@@ -200,15 +224,15 @@ class FaultClearedData(Frozen):
 
 class PrecisionAlarmRaisedData(Frozen):
     alarm_id: str
-    d_instance_id: int
-    p_instance_id: int | None = None
+    d_instance_id: InstanceRef
+    p_instance_id: InstanceRef | None = None
     reason: str = ""
     detector: str = "operator"
 
 
 class PrecisionAlarmClearedData(Frozen):
-    d_instance_id: int
-    p_instance_id: int | None = None
+    d_instance_id: InstanceRef
+    p_instance_id: InstanceRef | None = None
     alarm_id: str | None = None
     reason: str = ""
 
@@ -216,14 +240,14 @@ class PrecisionAlarmClearedData(Frozen):
 class SnapshotCheckpointData(Frozen):
     node_id: str
     phase: SnapshotPhase
-    instance_id: int | None = None
+    instance_id: InstanceId | None = None
     job_name: str | None = None
     pod_ip: str | None = None
     metadata: dict[str, str] = Field(default_factory=dict)
 
 
 class InstanceAssembledData(Frozen):
-    instance_id: int
+    instance_id: InstanceId
     role: Role
     engine_type: str
     model: str
@@ -235,7 +259,7 @@ class InstanceAssembledData(Frozen):
 
 
 class InstanceStateChangedData(Frozen):
-    instance_id: int
+    instance_id: InstanceId
     state: InstanceState
     previous: InstanceState | None = None
     reason: str = ""
@@ -244,15 +268,19 @@ class InstanceStateChangedData(Frozen):
 class LeaderChangedData(Frozen):
     leader_id: str
     previous: str | None = None
-    term: int = 0
+    term: Term = 0
 
 
 class InstancesRefreshedData(Frozen):
-    """Seed 001's body, already validated by the coordinator, plus Motor's `event` verb."""
+    """Seed 001's body, already validated by the coordinator, plus Motor's `event` verb.
+
+    Anyone with publish rights may write one, so an entry is only known to be JSON that
+    every encoder writes back (`JsonObject`); whoever reads an entry checks what it reads.
+    """
 
     event: Literal["add", "del", "set"] = "set"
-    ids: tuple[int, ...]
-    instances: tuple[dict[str, Any], ...]
+    ids: tuple[InstanceRef, ...]
+    instances: tuple[JsonObject, ...]
 
 
 class CircuitChangedData(Frozen):
@@ -261,15 +289,15 @@ class CircuitChangedData(Frozen):
     coordinator: str  # the replica that decided (each replica keeps its own circuits)
     endpoint: str  # routing key: "<node_id>/<endpoint_id>" or "ext/<id>[/<endpoint_id>]"
     node_id: str | None = None  # None for engines registered through the refresh API
-    endpoint_id: int | None = None
-    instance_id: int | None = None
+    endpoint_id: EndpointId | None = None
+    instance_id: InstanceRef | None = None
     role: Role | None = None
     state: Literal["open", "closed"]
     reason: str = ""  # the last failure, "probe succeeded", "new incarnation (pid 812)"
-    failures: int = 0  # failures in a row that opened it
-    backoff_s: float = 0.0  # how long it stays open before a probe (open only)
-    pid: int | None = None  # the incarnation the circuit belongs to (None: not known)
-    ready_seq: int | None = None  # MOTOR sequence of that incarnation's READY
+    failures: Count = 0  # failures in a row that opened it
+    backoff_s: Duration = 0.0  # how long it stays open before a probe (open only)
+    pid: Pid | None = None  # the incarnation the circuit belongs to (None: not known)
+    ready_seq: Seq | None = None  # MOTOR sequence of that incarnation's READY
 
 
 class StreamsDisruptedData(Frozen):
@@ -278,17 +306,17 @@ class StreamsDisruptedData(Frozen):
     coordinator: str
     endpoint: str
     node_id: str | None = None
-    endpoint_id: int | None = None
-    instance_id: int | None = None
+    endpoint_id: EndpointId | None = None
+    instance_id: InstanceRef | None = None
     role: Role | None = None
-    since: float  # the window, seconds since the Unix epoch
-    until: float
-    broken: int = 0  # streams whose engine died or stalled after the first byte
-    continued: int = 0  # of those, continued on another path
-    failed: int = 0  # of those, cut or ended with an error (no path left, or not continuable)
-    retried: int = 0  # requests that failed here before their first byte and were retried elsewhere
-    reasons: dict[str, int] = Field(default_factory=dict)  # transport | timeout | stall | http_5xx
-    continued_on: dict[str, int] = Field(default_factory=dict)  # endpoint key -> streams
+    since: Timestamp  # the window
+    until: Timestamp
+    broken: Count = 0  # streams whose engine died or stalled after the first byte
+    continued: Count = 0  # of those, continued on another path
+    failed: Count = 0  # of those, cut or ended with an error (no path left, or not continuable)
+    retried: Count = 0  # requests that failed here before their first byte and were retried elsewhere
+    reasons: dict[str, Count] = Field(default_factory=dict)  # transport | timeout | stall | http_5xx
+    continued_on: dict[str, Count] = Field(default_factory=dict)  # endpoint key -> streams
 
 
 class StartCommandData(Frozen):
@@ -296,30 +324,30 @@ class StartCommandData(Frozen):
 
     command_id: str
     node_id: str
-    instance_id: int
+    instance_id: InstanceId
     job_name: str
     role: Role
     engine_type: str
     model: str
     endpoints: tuple[EndpointSpec, ...]
     master_dp_ip: str
-    node_rank: int = 0
-    nnodes: int = 1
+    node_rank: Rank = 0
+    nnodes: Size = 1
     d2d_peer_ips: tuple[str, ...] | None = None
-    ranktable: dict[str, Any] | None = None
-    attempt: int = 1
+    ranktable: JsonObject | None = None
+    attempt: Attempt = 1
     # Crashes after READY in a row this start answers (0: not a restart after a crash); the
     # controller's restart backoff and failover count from it.
-    restarts: int = 0
+    restarts: Count = 0
     # The lease term of the leader that sent it (0: sent before commands carried one). A node
     # agent refuses a command older than the newest term it has seen (`stale_term`).
-    term: int = 0
+    term: Term = 0
 
 
 class StopCommandData(Frozen):
     command_id: str
     node_id: str
-    instance_id: int | None = None
-    endpoint_ids: tuple[int, ...] = ()  # empty: every endpoint of the node
+    instance_id: InstanceId | None = None
+    endpoint_ids: tuple[EndpointId, ...] = ()  # empty: every endpoint of the node
     reason: str = ""
-    term: int = 0  # the sending leader's lease term, as on StartCommandData
+    term: Term = 0  # the sending leader's lease term, as on StartCommandData

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 from typing import Annotated, ClassVar, Literal, get_args
 
-from pydantic import Field, FiniteFloat
+from pydantic import Field
 
 from core import subjects
+from core.bounds import SchemaVersion, Timestamp
 from core.eventdata import (
     Capacity,
     CausedBy,
@@ -111,11 +112,11 @@ __all__ = [
 class EventBase(Frozen):
     id: str
     # Seconds since the Unix epoch; the only clock a fold ever sees. NaN or infinity would
-    # poison every max() and comparison downstream, so the codec refuses them.
-    ts: FiniteFloat
+    # poison every max() and comparison downstream, so the codec refuses them (`core.bounds`).
+    ts: Timestamp
     source: str
     caused_by: CausedBy | None = None
-    schema_version: int = 1
+    schema_version: SchemaVersion = 1
     type: str  # each class narrows it to its own name (the discriminator of AnyEvent)
 
     SCHEMA_VERSION: ClassVar[int] = 1

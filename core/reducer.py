@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 import immutables
 
+from core.bounds import UINT64_MAX
 from core.eventdata import STALE_TERM
 from core.events import (
     ALL_EVENTS,
@@ -326,15 +327,20 @@ def _leader(s: ClusterState, ev: LeaderChanged, seq: int) -> Changes:
 
 
 def _ext_id(raw: Any) -> int | None:
-    """An external instance's id, or None when it has none usable (the entry is then ignored)."""
+    """An external instance's id, or None when it has none usable (the entry is then ignored).
+
+    Seed 001's ids are uint64, as the refresh API checks; anyone else's entry may say anything.
+    """
     if isinstance(raw, bool):
         return None
     if isinstance(raw, int):
-        return raw
+        number = raw
     # isdigit() alone takes '¹' or '٣', which int() refuses: ASCII digits only.
-    if isinstance(raw, str) and (digits := raw.strip().lstrip("-")).isascii() and digits.isdigit():
-        return int(raw)
-    return None
+    elif isinstance(raw, str) and (digits := raw.strip()).isascii() and digits.isdigit():
+        number = int(digits)
+    else:
+        return None
+    return number if 0 <= number <= UINT64_MAX else None
 
 
 @handles(InstancesRefreshed)

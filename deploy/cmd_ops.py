@@ -12,7 +12,8 @@ import sys
 import time
 from typing import Any
 
-from deploy.common import add_nats_args, nats_options, unreachable_hint
+from core.bounds import MAX_INSTANCE_ID, UINT32_MAX, UINT64_MAX
+from deploy.common import add_nats_args, int_in, nats_options, unreachable_hint
 
 LEVELS = ["L1", "L2", "L3", "L4", "L5", "L6"]
 
@@ -33,8 +34,10 @@ def register(sub: Any) -> None:
         help="MindCluster fault_handling (e.g. RestartNPU) that decides the level of a device fault",
     )
     rep.add_argument("--message", default="")
-    rep.add_argument("--instance", type=int, default=None, help="instance id, if known")
-    rep.add_argument("--endpoint", type=int, default=None, help="endpoint id, if known")
+    rep.add_argument(
+        "--instance", type=int_in(0, MAX_INSTANCE_ID), default=None, help="instance id, if known"
+    )
+    rep.add_argument("--endpoint", type=int_in(0, UINT32_MAX), default=None, help="endpoint id, if known")
     rep.add_argument(
         "--kind", choices=["hardware", "software", "operator"], help="default: the table's, else hardware"
     )
@@ -52,8 +55,9 @@ def register(sub: Any) -> None:
     psub = prec.add_subparsers(dest="precision_cmd", metavar="ACTION", required=True)
     for name, func in (("raise", _precision_raise), ("clear", _precision_clear)):
         p = psub.add_parser(name, help=f"{name} a precision alarm")
-        p.add_argument("--d-instance", type=int, required=True, help="decode (or union) instance id")
-        p.add_argument("--p-instance", type=int, default=None, help="its prefill instance id")
+        ids = int_in(0, UINT64_MAX)  # a Motor instance's or an external one's (seed 001: uint64)
+        p.add_argument("--d-instance", type=ids, required=True, help="decode (or union) instance id")
+        p.add_argument("--p-instance", type=ids, default=None, help="its prefill instance id")
         p.add_argument("--reason", default=f"{name}d by operator")
         add_nats_args(p, login="operator")
         p.set_defaults(func=func)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from core.config import ClusterConfig, default_config, parse_config
@@ -23,6 +24,21 @@ from streams.credentials import (
     load_context,
     merge,
 )
+
+
+def int_in(lo: int, hi: int) -> Callable[[str], int]:
+    """An argparse type: an integer within [lo, hi] (what the event it goes into may carry)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if not lo <= value <= hi:
+            raise argparse.ArgumentTypeError(f"{value} is outside [{lo}, {hi}]")
+        return value
+
+    return parse
 
 
 def read_text(path: str, what: str = "config") -> bytes:

@@ -13,6 +13,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Literal
 
+from core.bounds import MAX_SEEN_TERM
 from core.eventdata import STALE_TERM
 from core.events import (
     CommandApplied,
@@ -79,7 +80,9 @@ def check_term(term: int, newest: int) -> None:
         raise CommandRefusal(
             STALE_TERM,
             f"command of leader term {term}, this node has seen term {newest} already",
-            seen_term=newest,
+            # No refusal may name more (`core.bounds`); the leader announces past what it
+            # names, and past the refused command's own term, so it still catches up.
+            seen_term=min(newest, MAX_SEEN_TERM),
         )
 
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import aiohttp
 
+from core.bounds import MAX_COUNT
 from core.events import Capacity
 
 RUNNING = ("vllm:num_requests_running", "sglang:num_running_reqs")
@@ -61,12 +62,20 @@ def _first(samples: dict[str, float], names: tuple[str, ...]) -> float | None:
     return None
 
 
+def _count(value: float | None) -> int:
+    """A request count as a heartbeat may carry it (`core.bounds`): an engine that misreports
+    (negative, +Inf, 1e30) must not make the node's heartbeats poison or its loop raise."""
+    if value is None or not value > 0:  # NaN is not > 0 either
+        return 0
+    return MAX_COUNT if value >= MAX_COUNT else int(value)
+
+
 def load_from_text(text: str) -> Load:
     """The load an engine reports in its metrics text."""
     s = parse_samples(text)
     return Load(
-        running=int(_first(s, RUNNING) or 0),
-        waiting=int(_first(s, WAITING) or 0),
+        running=_count(_first(s, RUNNING)),
+        waiting=_count(_first(s, WAITING)),
         kv_usage=float(_first(s, KV_USAGE) or 0.0),
     )
 

@@ -5,6 +5,8 @@ Pure: built from the agent settings and its engine section; the agent adds what 
 
 from __future__ import annotations
 
+from pydantic import ValidationError
+
 from core.config import EngineSection
 from core.events import EndpointSpec, NodeRegisteredData, ParallelConfig, Role
 from nodeagent.backends import backend_for, int_option
@@ -76,6 +78,28 @@ def build_registration(
     job_name: str | None = None,
 ) -> NodeRegisteredData:
     """The `node.registered` payload; raises StartupError for a config that cannot run."""
+    try:
+        return _registration(settings, agent_url, instance_id, running_endpoints, restored, job_name)
+    except ValidationError as exc:
+        # An engine option (or a setting) gives a number no registration may carry.
+        raise StartupError(f"this node cannot register: {_fields(exc)}") from None
+
+
+def _fields(exc: ValidationError) -> str:
+    return "; ".join(
+        f"{exc.title} {'.'.join(str(p) for p in e['loc'])} = {e['input']!r}: {e['msg']}"
+        for e in exc.errors()[:3]
+    )
+
+
+def _registration(
+    settings: AgentSettings,
+    agent_url: str | None,
+    instance_id: int | None,
+    running_endpoints: tuple[int, ...],
+    restored: bool,
+    job_name: str | None,
+) -> NodeRegisteredData:
     section = settings.section
     backend = backend_for(section.engine_type)
     endpoints = plan_endpoints(section, settings.role, settings.ip, settings.engine_port_base)

@@ -137,12 +137,15 @@ POISON_KINDS = (
     "future schema_version",
     "non-finite ts",
     "inapplicable instances.refreshed",
+    "out-of-bound seen_term",
 )
 # Poison every folding component must skip and count. The others are harmless when handled:
 # a duplicate is never stored, a command for an unknown node is a no-op, and the refresh
 # without an `id` decodes — a fold may skip it as inapplicable (counted) or apply it without
 # the entry it cannot key; either way it must not stop a fold, a controller or `motor replay`.
-MUST_SKIP = frozenset({"undecodable JSON", "unknown type", "future schema_version", "non-finite ts"})
+MUST_SKIP = frozenset(
+    {"undecodable JSON", "unknown type", "future schema_version", "non-finite ts", "out-of-bound seen_term"}
+)
 
 
 def _envelope(etype: str, data: dict[str, Any], *, eid: str, ts: Any = None, version: int = 1) -> bytes:
@@ -186,6 +189,19 @@ def poison_messages(kind: str, node_id: str, tag: str) -> list[tuple[str, bytes,
     if kind == "non-finite ts":
         body = _envelope("fault.reported", fault, eid=eid, ts="inf")
         return [(subjects.fault(node_id), body, {**hdr, MOTOR_TYPE: "fault.reported"})]
+    if kind == "out-of-bound seen_term":
+        # Issue 24: what one node's credentials may write; a leader announced a reign past it
+        # that its lease and checkpoints could not hold, and then nobody could lead.
+        refused = {
+            "command_id": f"c-{tag}",
+            "node_id": node_id,
+            "verb": "start",
+            "code": "stale_term",
+            "reason": "chaos",
+            "seen_term": 2**64 - 1,
+        }
+        body = _envelope("command.refused", refused, eid=eid)
+        return [(subjects.node(node_id), body, {**hdr, MOTOR_TYPE: "command.refused"})]
     if kind == "duplicate Nats-Msg-Id":
         body = _envelope("fault.cleared", {"fault_id": f"f-{tag}", "node_id": node_id}, eid=eid)
         one = (subjects.fault(node_id), body, {**hdr, MOTOR_TYPE: "fault.cleared"})

@@ -7,6 +7,7 @@ decodable-but-inapplicable event, judged nodes by the outage, took ~5 s to fail 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import statistics
@@ -20,7 +21,14 @@ from nats.js import JetStreamContext
 
 from core.codec import encode
 from core.config import ControllerConfig
-from core.events import FaultReported, FaultReportedData, InstancesRefreshed, InstancesRefreshedData
+from core.events import (
+    CommandRefused,
+    CommandRefusedData,
+    FaultReported,
+    FaultReportedData,
+    InstancesRefreshed,
+    InstancesRefreshedData,
+)
 from core.ids import new_id
 from streams.connection import connect
 from streams.definitions import ensure_streams
@@ -98,6 +106,17 @@ async def test_nats_down_15s_controllers_survive_and_nobody_is_judged_by_the_out
     assert [(i["id"], i["state"]) for i in body["instances"]] == [(iid, "ACTIVE")]
 
 
+async def skipped(c: Controller) -> dict[str, float]:
+    """`motor_controller_events_skipped_total` by reason, from the controller's /metrics."""
+    _, text = await c.get("/metrics")
+    out = {}
+    for line in str(text).splitlines():
+        if line.startswith("motor_controller_events_skipped_total{"):
+            reason = line.split('reason="', 1)[1].split('"', 1)[0]
+            out[reason] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
 async def test_poison_events_are_skipped_and_counted_and_the_leader_keeps_deciding(
     cluster: Cluster, js: JetStreamContext
 ) -> None:
@@ -123,15 +142,6 @@ async def test_poison_events_are_skipped_and_counted_and_the_leader_keeps_decidi
     asm = await cluster.tail.wait(lambda ev: ev.type == "instance.assembled", within=120)
     await cluster.tail.wait(state_is(asm.data.instance_id, "ACTIVE"), within=120)
 
-    async def skipped(c: Controller) -> dict[str, float]:
-        _, text = await c.get("/metrics")
-        out = {}
-        for line in str(text).splitlines():
-            if line.startswith("motor_controller_events_skipped_total{"):
-                reason = line.split('reason="', 1)[1].split('"', 1)[0]
-                out[reason] = float(line.rsplit(" ", 1)[1])
-        return out
-
     want = {"undecodable": 2.0, "unknown_type": 1.0, "newer_schema": 1.0}
     assert await skipped(c1) == want
     assert "skipped, undecodable" in c1.output() and "Traceback" not in c1.output()
@@ -140,6 +150,47 @@ async def test_poison_events_are_skipped_and_counted_and_the_leader_keeps_decidi
     c1 = cluster.controller("c1")
     await c1.wait_http("/readiness", within=60)
     assert await skipped(c1) == want
+
+
+async def test_a_refusal_naming_seen_term_2_64_minus_1_leaves_the_cluster_a_leader(
+    cluster: Cluster, js: JetStreamContext
+) -> None:
+    """Issue 24: one node's credentials may write `command.refused` on its own subject. With
+    `seen_term: 2**64-1` the leader announced a reign past it, 2**64, which the 64-bit JSON
+    encoder of its lease and checkpoints cannot write: it lost the lease and no controller
+    could take it again. The refusal is poison now: skipped, counted, and nothing changes."""
+    cluster.configure(union=1)
+    c1 = cluster.controller("c1")
+    await c1.wait_http("/readiness")
+    c2 = cluster.controller("c2")
+    await c2.wait_http("/liveness")
+    cluster.agent("n1", "union")
+    asm = await cluster.tail.wait(lambda ev: ev.type == "instance.assembled", within=120)
+    await cluster.tail.wait(state_is(asm.data.instance_id, "ACTIVE"), within=120)
+    (start,) = cluster.tail.events(lambda ev: ev.type == "command.start")
+    data = CommandRefusedData(
+        command_id=start.data.command_id,
+        node_id="n1",
+        verb="start",
+        instance_id=start.data.instance_id,
+        code="stale_term",
+        reason="a rogue client with n1's credentials",
+    )
+    raw = orjson.loads(encode(CommandRefused(id=new_id(), ts=time.time(), source="nodeagent/n1", data=data)))
+    raw["data"]["seen_term"] = 2**64 - 1
+    mark = cluster.tail.index()
+    await js.publish("motor.evt.node.n1", json.dumps(raw).encode())
+    await asyncio.sleep(5.0)  # past a few lease renewals (TTL 1.5 s) and decide passes
+    leader = await leader_of(cluster, within=1.0)
+    assert leader.id == "c1", cluster.logs()
+    assert (await skipped(c1)).get("undecodable") == 1.0
+    assert cluster.tail.events(lambda ev: ev.type == "controller.leader_changed", after=mark) == []
+    # The lease can still change hands: the standby leads after the leader dies.
+    c1.kill9()
+    assert (await leader_of(cluster, within=10.0)).id == "c2", cluster.logs()
+    reign = await cluster.tail.wait(lambda ev: ev.type == "controller.leader_changed", after=mark)
+    assert (reign.data.leader_id, reign.data.term) == ("c2", 2)
+    assert "Traceback" not in c1.output() + c2.output()
 
 
 async def test_failover_takes_under_3s_with_the_default_lease(cluster: Cluster) -> None:

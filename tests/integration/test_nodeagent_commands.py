@@ -9,10 +9,12 @@ command consumer comes back when MOTOR is deleted and made again under a running
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import time
 from pathlib import Path
 
+import orjson
 import pytest
 from nats.aio.client import Client
 from nats.js import JetStreamContext
@@ -78,9 +80,16 @@ async def acked_through(js: JetStreamContext, node: str, seq: int, within: float
         await asyncio.sleep(0.05)  # consumer state has no event to await
 
 
-async def up(tmp_path: Path, url: str, tail: EventTail, agents: list[Agent]) -> tuple[Agent, NodeRegistered]:
+async def up(
+    tmp_path: Path, url: str, tail: EventTail, agents: list[Agent], endpoints: int = 1
+) -> tuple[Agent, NodeRegistered]:
     node = node_id()
-    cfg = write_config(tmp_path / "cluster.json", command_attempts=3, command_retry_delay=0.2)
+    engine = {"fast": True, "num_blocks": 512} | (
+        {"data_parallel_size_local": endpoints} if endpoints > 1 else {}
+    )
+    cfg = write_config(
+        tmp_path / "cluster.json", {"engine_config": engine}, command_attempts=3, command_retry_delay=0.2
+    )
     agent = Agent(tmp_path, cfg, node, url).start()
     agents.append(agent)
     reg = await tail.wait(is_(NodeRegistered, node), within=60)
@@ -90,19 +99,22 @@ async def up(tmp_path: Path, url: str, tail: EventTail, agents: list[Agent]) -> 
 async def test_poison_command_is_refused_after_its_attempts_and_the_next_start_runs(
     tmp_path: Path, nats_server: object, js: JetStreamContext, tail: EventTail, agents: list[Agent]
 ) -> None:
-    agent, reg = await up(tmp_path, nats_server.url, tail, agents)  # type: ignore[attr-defined]
+    # Two endpoints: the poison starts the second, whose engine log cannot be opened (a
+    # directory is in its way), so its handler raises every time. (It used to be a bootstrap
+    # port of 70000, an OverflowError to bind; such a command no longer decodes: issue 24.)
+    agent, reg = await up(tmp_path, nats_server.url, tail, agents, endpoints=2)  # type: ignore[attr-defined]
     node = agent.node_id
     pub = Publisher(js)
-    # Its handler raises every time: binding the bootstrap port 70000 is an OverflowError.
-    (ep,) = reg.data.endpoints
-    poison = start_command(node, (ep.model_copy(update={"bootstrap_port": 70000}),), instance_id=3)
-    good = start_command(node, reg.data.endpoints, instance_id=4)
+    first, second = reg.data.endpoints
+    (tmp_path / "logs" / f"engine-{node}-ep{second.id}.log").mkdir(parents=True)
+    poison = start_command(node, (second,), instance_id=3)
+    good = start_command(node, (first,), instance_id=4)
     await pub.publish(poison)
     await pub.publish(good)
 
     refused = await tail.wait(is_(CommandRefused, node, command_id=poison.data.command_id), within=30)
     assert refused.data.code == "handler_failed", refused.data
-    assert "3 times" in refused.data.reason and "OverflowError" in refused.data.reason
+    assert "3 times" in refused.data.reason and "IsADirectoryError" in refused.data.reason
     await tail.wait(is_(CommandApplied, node, command_id=good.data.command_id), within=30)
     await tail.wait(is_(EndpointStatusChanged, node, status=EndpointStatus.READY), within=60)
     assert (await agent.status())["instance_id"] == 4
@@ -124,6 +136,11 @@ async def test_undecodable_and_misaddressed_commands_are_dropped_and_the_next_ru
     node = agent.node_id
     await js.publish(subjects.command(node, "start"), b'{"type": "command.start", "data": {')
     await js.publish(subjects.command(node, "start"), b"\xff\xfe not json at all")
+    # Issue 24: a term no 64-bit encoder writes. It decoded; the agent kept it as the newest
+    # term (its run state could no longer be saved) and refused every later command stale.
+    huge = orjson.loads(stop_command(node).model_copy(update={"id": new_id()}).model_dump_json())
+    huge["data"]["term"] = 2**64
+    await js.publish(subjects.command(node, "stop"), json.dumps(huge).encode())
     # A stop addressed to another node, on this node's subject.
     stray = stop_command("someone-else").model_copy(update={"id": new_id()})
     await js.publish(subjects.command(node, "stop"), stray.model_dump_json().encode())
@@ -136,7 +153,7 @@ async def test_undecodable_and_misaddressed_commands_are_dropped_and_the_next_ru
     assert refused.data.code == "wrong_node"
     await tail.wait(is_(CommandApplied, node, command_id=good.data.command_id), within=30)
     _, text = await agent.get("/metrics")
-    assert metric(text, "motor_nodeagent_commands_rejected_total", reason="undecodable") == 2
+    assert metric(text, "motor_nodeagent_commands_rejected_total", reason="undecodable") == 3
     assert "undecodable command at seq" in agent.output()
     assert agent.proc is not None and agent.proc.poll() is None
 

@@ -3,6 +3,7 @@ window, and what `motor replay --explain` and the timeline make of them."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -10,6 +11,7 @@ from coordinator.breaker import Breakers, BreakerState, CircuitChange
 from coordinator.faultlog import FaultLog
 from coordinator.table import RoutingTable
 from core import codec, subjects
+from core.bounds import MAX_COUNT, MAX_TIMESTAMP
 from core.events import CircuitChanged, EndpointStatus, Role, StreamsDisrupted
 from core.reducer import apply
 from core.state import ClusterState
@@ -68,6 +70,17 @@ def test_a_circuit_change_is_one_event_naming_endpoint_instance_and_incarnation(
     # Half-open is a moment, not a decision: nothing is written for it.
     log.circuit(CircuitChange("n3/0", BreakerState.HALF_OPEN, ""))
     assert len(out) == 2
+
+
+def test_a_circuit_change_past_what_an_event_may_carry_is_written_at_the_bound() -> None:
+    """Issue 24: an infinite backoff (`breaker.backoff_max: .inf`) made the circuit change
+    raise in the request that opened it; a count past MAX_COUNT likewise."""
+    t, clock = pd_table(), Clock()
+    log, out = faultlog(t, clock)
+    log.circuit(CircuitChange("n3/0", BreakerState.OPEN, "x", failures=2**40, backoff=math.inf))
+    (ev,) = out
+    assert (ev.data.failures, ev.data.backoff_s) == (MAX_COUNT, MAX_TIMESTAMP)
+    assert codec.decode(codec.encode(ev)) == ev
 
 
 def test_stream_outcomes_are_one_event_per_endpoint_and_window() -> None:

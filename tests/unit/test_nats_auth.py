@@ -70,6 +70,20 @@ def test_check_term(term: int, newest: int, refused: bool) -> None:
         check_term(term, newest)
 
 
+def test_a_node_past_the_largest_seen_term_says_the_largest_and_its_refusal_decodes() -> None:
+    """Issue 24: the refusal of a node that obeyed a term past MAX_SEEN_TERM would not decode.
+    Naming the bound still moves the leader past it; from there each refusal moves it on."""
+    from core.bounds import MAX_SEEN_TERM, MAX_TERM
+    from nodeagent.command_handler import answer
+    from tests.unit.factories import start_cmd
+
+    with pytest.raises(CommandRefusal) as exc:
+        check_term(MAX_SEEN_TERM, MAX_TERM)
+    assert exc.value.refusal.seen_term == MAX_SEEN_TERM
+    refused = answer("n1", "nodeagent/n1", start_cmd("n1", 1), exc.value.refusal)
+    assert codec.decode(codec.encode(refused)) == refused
+
+
 def test_commands_carry_the_term_of_the_leader_that_decides_them() -> None:
     log = Log(config(union=1))
     log.add(

@@ -109,6 +109,23 @@ def test_startup_errors(role: Role, sections: dict[str, Any], needle: str) -> No
         build_registration(settings(role, sections))
 
 
+@pytest.mark.parametrize(
+    ("engine_config", "needle"),
+    [
+        ({"max_model_len": -1}, "max_seq_len"),
+        ({"max_num_seqs": 2**40}, "total_slots"),
+        ({"tensor_parallel_size": 0}, "tp"),
+    ],
+)
+def test_an_engine_option_no_registration_may_carry_is_a_startup_error_naming_it(
+    engine_config: dict[str, Any], needle: str
+) -> None:
+    """Issue 24: the registration's bounds refused it with a pydantic traceback."""
+    s = settings(Role.UNION, {"union": {"engine_config": engine_config}})
+    with pytest.raises(StartupError, match=needle):
+        build_registration(s)
+
+
 def test_uneven_devices_fail_at_startup() -> None:
     s = settings(Role.UNION, {"union": {"engine_config": {"data_parallel_size": 2}}}, devices=("0", "1", "2"))
     with pytest.raises(StartupError, match="not divisible by the 2 endpoints"):

@@ -5,12 +5,15 @@ from typing import Any
 
 import pytest
 
+from core.bounds import MAX_COUNT
 from core.config import HealthCheckConfig, SnapshotConfig
 from core.events import (
     Capacity,
     CommandApplied,
     CommandRefused,
+    EndpointLoad,
     EndpointSpec,
+    EndpointStatus,
     Role,
     SnapshotPhase,
     StartCommand,
@@ -111,6 +114,32 @@ def test_load_from_metrics(text: str, running: int, waiting: int, slots: int, bl
     assert (load.running, load.waiting, load.avail_slots(cap), load.avail_blocks(cap)) == (
         running, waiting, slots, blocks,
     )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("text", "running", "waiting"),
+    [
+        ("vllm:num_requests_running -3\nvllm:num_requests_waiting -1e9\n", 0, 0),
+        ("vllm:num_requests_running +Inf\nvllm:num_requests_waiting -Inf\n", MAX_COUNT, 0),
+        ("sglang:num_running_reqs 1e30\nsglang:num_queue_reqs 2.5\n", MAX_COUNT, 2),
+    ],
+)
+def test_an_engine_misreporting_its_load_is_clamped_to_what_a_heartbeat_may_carry(
+    text: str, running: int, waiting: int
+) -> None:
+    """Issue 24: a negative load made the heartbeat undecodable (poison: the node's load was
+    lost), and +Inf raised OverflowError in the heartbeat loop."""
+    load = load_from_text(text)
+    assert (load.running, load.waiting) == (running, waiting)
+    cap = Capacity(total_slots=256, total_blocks=1000)
+    EndpointLoad(
+        id=0,
+        status=EndpointStatus.READY,
+        running=load.running,
+        waiting=load.waiting,
+        avail_slots=load.avail_slots(cap),
+        avail_blocks=load.avail_blocks(cap),
+    )
 
 
 # --------------------------------------------------------------------------- faults
