@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING
 import orjson
 
 from core.config import ClusterConfig
-from core.events import Role
 from core.ids import new_id
+from deploy.clusterplan import NodePlan, Ports, fit_replicas, plan_nodes
 from deploy.hosts import LOCAL, Host
 from deploy.natscluster import SINGLE, NatsCluster, plan_members
 from deploy.supervise import Backoff, Notice, Supervisor, Watch, wait_popen
@@ -41,32 +41,6 @@ if TYPE_CHECKING:
     from deploy.natsauth import ClusterAuth
 
 NATS = SINGLE  # the supervised name of the embedded server (of each member: `nats-n1` …)
-MAX_REPLICAS = 5  # JetStream's limit on a stream's replicas
-
-
-# NATS's own conventions (4222 clients, 6222 routes, 8222 monitoring), kept for another base.
-NATS_ROUTE_OFFSET = 2000
-NATS_MONITOR_OFFSET = 4000
-
-
-@dataclass(frozen=True)
-class Ports:
-    nats: int = 4222  # member i of a NATS cluster: each NATS port + i
-    nats_monitor: int = 4222 + NATS_MONITOR_OFFSET
-    nats_route: int = 4222 + NATS_ROUTE_OFFSET
-    coordinator: int = 8000
-    controller: int = 8100
-    nodeagent: int = 8200
-    engine: int = 9000
-    engine_stride: int = 100  # engine ports of node i: engine + i * stride, one per DP rank
-
-
-@dataclass(frozen=True)
-class NodePlan:
-    node_id: str
-    role: Role
-    port: int
-    engine_port_base: int
 
 
 @dataclass
@@ -109,7 +83,7 @@ class LocalCluster:
             raise ValueError("a NATS cluster is started only without an external NATS URL")
         if not self.hosts:
             raise ValueError("hosts: at least one")
-        self.cfg = self._with_replicas(self.cfg)
+        self.cfg = fit_replicas(self.cfg, self.nats_cluster, external=self.nats_url is not None)
         self.root = self.root.resolve()
         self._nats: NatsCluster | None = None
         self.auth: ClusterAuth | None = None  # the embedded server's users (deploy.natsauth)
@@ -124,24 +98,6 @@ class LocalCluster:
             monitor_port=self.ports.nats_monitor,
             route_port=self.ports.nats_route,
         )
-
-    def _with_replicas(self, cfg: ClusterConfig) -> ClusterConfig:
-        """The config with `nats.replicas` fit for the cluster: N when the file left it unset."""
-        if self.nats_url is not None:
-            return cfg
-        nats = cfg.nats
-        if "replicas" in nats.model_fields_set:
-            if nats.replicas > self.nats_cluster:
-                raise ValueError(
-                    f"nats.replicas is {nats.replicas} but only {self.nats_cluster} nats-server "
-                    f"{'runs' if self.nats_cluster == 1 else 'run'}: use --nats-cluster {nats.replicas} "
-                    "or lower nats.replicas"
-                )
-            return cfg
-        want = min(self.nats_cluster, MAX_REPLICAS)
-        if want == nats.replicas:
-            return cfg
-        return cfg.model_copy(update={"nats": nats.model_copy(update={"replicas": want})})
 
     def host(self, name: str) -> Host:
         """The host called `name`."""
@@ -158,29 +114,7 @@ class LocalCluster:
 
     def node_plan(self) -> list[NodePlan]:
         """One node agent per node of every instance the config asks for (or `nodes`)."""
-        wanted: list[Role] = []
-        for role, sec in self.cfg.sections().items():
-            wanted += [role] * (sec.instances * sec.nodes_per_instance())
-        if self.nodes is not None:
-            if self.nodes < len(wanted):
-                wanted = wanted[: self.nodes]
-            else:
-                # Spare nodes take the role of the first section: they replace failed nodes.
-                wanted += [wanted[0] if wanted else Role.UNION] * (self.nodes - len(wanted))
-        plans = []
-        counters: dict[Role, int] = {}
-        for i, role in enumerate(wanted):
-            k = counters.get(role, 0)
-            counters[role] = k + 1
-            plans.append(
-                NodePlan(
-                    node_id=f"{role.value}-{k}",
-                    role=role,
-                    port=self.ports.nodeagent + i,
-                    engine_port_base=self.ports.engine + i * self.ports.engine_stride,
-                )
-            )
-        return plans
+        return plan_nodes(self.cfg, self.nodes, self.ports)
 
     @property
     def url(self) -> str:

@@ -90,7 +90,8 @@ def _up(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 2
-    from deploy.cluster import NATS_MONITOR_OFFSET, NATS_ROUTE_OFFSET, LocalCluster, Ports
+    from deploy.cluster import LocalCluster
+    from deploy.clusterplan import NATS_MONITOR_OFFSET, NATS_ROUTE_OFFSET, Ports
     from deploy.localports import one_machine_ports
 
     if args.coordinators < 1:

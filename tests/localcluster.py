@@ -19,7 +19,8 @@ from typing import Any
 from core.config import ClusterConfig, config_from_dict
 from core.events import InstanceState, Role
 from core.state import ClusterState
-from deploy.cluster import NATS_MONITOR_OFFSET, NATS_ROUTE_OFFSET, LocalCluster, Ports
+from deploy.cluster import LocalCluster
+from deploy.clusterplan import NATS_MONITOR_OFFSET, NATS_ROUTE_OFFSET, Ports
 from deploy.watch import StateWatcher
 
 

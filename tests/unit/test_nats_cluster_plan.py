@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from core.config import config_from_dict
-from deploy.cluster import LocalCluster, Ports
+from deploy.cluster import LocalCluster
+from deploy.clusterplan import Ports
 from deploy.hosts import LOCAL, Host
 from deploy.natscluster import NatsCluster, plan_members
 from streams.ackjournal import Acked, AckJournal, audit, event_id, read_journal
