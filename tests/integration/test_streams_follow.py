@@ -56,7 +56,9 @@ async def test_follow_while_publishing_concurrently(js: JetStreamContext, nc: Cl
         await follower.close()
 
     assert follower.transport == ("raw" if raw else "nats-py")
-    assert follower.caught_up.is_set()
+    # Not `caught_up`: it is set once the caller has taken a record with nothing pending, and a
+    # follower that trailed the producer to the end met that only at the 600th, which
+    # `_collect` takes and leaves (the flag's own tests are below).
     _assert_contiguous(got, 1, len(events))
     assert [r.event for r in got] == events
 
