@@ -26,6 +26,7 @@ from nats.js import JetStreamContext
 from controller.appender import Appender, Outcome
 from controller.decide import decide
 from controller.fold import Fold
+from controller.hearing import HeartbeatPath
 from controller.leadership import Leadership
 from controller.metrics import ControllerMetrics
 from core.config import ClusterConfig
@@ -84,6 +85,7 @@ class ControllerService:
         self.checkpoint_seq = 0
         self.log: LiveFold | None = None
         self.leadership: Leadership | None = None
+        self.heartbeat_path: HeartbeatPath | None = None  # whether heartbeats can land at all
         self._appender: Appender | None = None
         self._stream_created: str | None = None
         self._event_ts: float | None = None  # ts of the last MOTOR event folded (checkpoint origin)
@@ -115,8 +117,12 @@ class ControllerService:
         """
         if self.log is None or not self.log.hearing:
             return self.clock()
+        path = self.heartbeat_path
+        if path is not None and path.down:
+            return self.clock()  # heartbeats cannot land (the stream elects a leader)
         took = self.leadership.took_over_at if self.leadership is not None else 0.0
-        return max(self.log.hearing_since, took)
+        back = path.back_since if path is not None else 0.0
+        return max(self.log.hearing_since, took, back)
 
     # ------------------------------------------------------------------ run
 
@@ -151,8 +157,10 @@ class ControllerService:
             )
             await self.log.start()
             stack.push_async_callback(self.log.close)
+            path = self.heartbeat_path = HeartbeatPath(nc, self.clock)
             loops = [
                 asyncio.create_task(_forever("lease", lambda: lead.run(self.caught_up)), name="lease"),
+                asyncio.create_task(_forever("heartbeat path", path.run), name="heartbeat-path"),
                 asyncio.create_task(_forever("decide", lambda: self._decide_loop(js)), name="decide"),
             ]
             self.started.set()

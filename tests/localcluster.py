@@ -181,6 +181,8 @@ async def running_cluster(
     ready_pred: Callable[[ClusterState], bool],
     coordinators: int = 1,
     supervise: bool = False,
+    nats_cluster: int = 1,
+    standby: bool = True,
 ) -> AsyncIterator[Harness]:
     """Start a local cluster, follow its log, wait until `ready_pred`; stop it all after.
 
@@ -192,10 +194,12 @@ async def running_cluster(
     cluster = LocalCluster(
         cfg,
         root=root,
-        ports=free_ports(nodes),
+        ports=free_ports(nodes, nats_servers=nats_cluster),
         nodes=nodes,
         coordinators=coordinators,
         supervise=supervise,
+        nats_cluster=nats_cluster,
+        standby=standby,
         extra_env={"PYTHONPATH": os.getcwd()},
     )
     await cluster.start()
@@ -212,7 +216,11 @@ async def running_cluster(
     # Every component logged in as its role: anything it was refused means a permission set
     # (streams.permissions) is missing what that role truly does. (Tests try the CLI's users
     # on forbidden things on purpose.)
-    nats_log = (cluster.logs / "nats-server.log").read_text(errors="replace").splitlines()
+    nats_log = [
+        line
+        for path in sorted(cluster.logs.glob("nats-*.log"))
+        for line in path.read_text(errors="replace").splitlines()
+    ]
     components = ('user:controller"', 'user:coordinator"', "user:nodeagent-")
     refused = [line for line in nats_log if "Violation" in line and any(c in line for c in components)]
     assert not refused, "\n".join(refused[:20])

@@ -160,3 +160,48 @@ async def test_a_minority_acknowledges_nothing_until_the_majority_is_back(cluste
             await asyncio.sleep(0.3)
     finally:
         await nc.close()
+
+
+async def _step_down_to(nc: object, stream: str, preferred: str, within: float = 30.0) -> None:
+    """Move `stream`'s leadership to server `preferred` (what an operator's step-down does)."""
+    import orjson
+
+    deadline = time.monotonic() + within
+    js = nc.jetstream()  # type: ignore[attr-defined]
+    while True:
+        info = await js.stream_info(stream)
+        if info.cluster is not None and info.cluster.leader == preferred:
+            return
+        assert time.monotonic() < deadline, f"{stream} never led by {preferred}"
+        body = orjson.dumps({"placement": {"preferred": preferred}})
+        with contextlib.suppress(Exception):
+            await nc.request(f"$JS.API.STREAM.LEADER.STEPDOWN.{stream}", body, timeout=5)  # type: ignore[attr-defined]
+        await asyncio.sleep(1.0)
+
+
+async def test_the_heartbeat_stream_without_a_leader_deafens_the_controller_until_it_has_one(
+    cluster3: NatsCluster,
+) -> None:
+    from controller.hearing import HeartbeatPath
+    from streams.definitions import HB_STREAM
+
+    nc = await connect(cluster3.urls, name="hb-path")
+    try:
+        await ensure_streams(nc.jetstream(), NatsConfig(replicas=3))
+        await _step_down_to(nc, HB_STREAM, "n1")
+        path = HeartbeatPath(nc, time.time, every=0.2, answer_within=1.0)
+        assert await path.probe() and not path.down
+        await cluster3.server("n1").kill()  # the heartbeat stream's leader: none until elected
+        deadline = time.monotonic() + 10
+        while not path.down:
+            assert time.monotonic() < deadline, "the leaderless stream still answered"
+            await path.probe()
+        down_at = time.time()
+        deadline = time.monotonic() + 30
+        while not await path.probe():
+            assert time.monotonic() < deadline, "no new leader of the heartbeat stream"
+            await asyncio.sleep(0.2)
+        assert path.back_since >= down_at and path.outages == 1
+        print(f"heartbeat stream leaderless for {path.back_since - down_at:.1f} s")
+    finally:
+        await nc.close()

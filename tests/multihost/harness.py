@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import openai
+import orjson
 from nats.aio.client import Client
 
 from core.config import ClusterConfig
@@ -352,6 +353,20 @@ class MultiHost:
                     return None
                 await asyncio.sleep(0.2)
         return time.time()
+
+    async def lead_on(self, stream: str, server: str, within: float = 30.0) -> None:
+        """Move `stream`'s leadership to `server` (an operator's step-down with a preferred peer)."""
+        admin = await connect(self.cluster.client_options("admin"), name="multihost-admin")
+        try:
+            deadline = time.monotonic() + within
+            while (await stream_placement(admin.jetstream(), stream)).leader != server:
+                assert time.monotonic() < deadline, f"{stream} never led by {server}"
+                body = orjson.dumps({"placement": {"preferred": server}})
+                with contextlib.suppress(Exception):
+                    await admin.request(f"$JS.API.STREAM.LEADER.STEPDOWN.{stream}", body, timeout=5)
+                await asyncio.sleep(1.0)
+        finally:
+            await admin.close()
 
     async def placement(self) -> StreamPlacement:
         return await stream_placement(self.nc.jetstream(), MOTOR_STREAM)

@@ -18,6 +18,7 @@ import time
 
 import pytest
 
+from streams.definitions import HB_STREAM
 from tests.chaos import invariants as inv
 from tests.chaos.faults import signal_pid
 from tests.chaos.scenario import CONVERGE_WITHIN, Scenario
@@ -61,6 +62,9 @@ async def test_the_nats_server_leading_the_log_killed(mh: MultiHost) -> None:
     )  # type: ignore[arg-type]
     before = await mh.placement()
     assert before.leader is not None, before.describe()
+    # The heartbeat stream led by the same server: both are leaderless until an election, so
+    # no heartbeat lands meanwhile, and the controllers must not judge that silence.
+    await mh.lead_on(HB_STREAM, before.leader)
     victim = mh.cluster.nats_servers.server(before.leader)
     name = f"nats-{before.leader}"
     async with sc.traffic():
@@ -105,7 +109,6 @@ async def test_the_leaders_host_cut_off_for_20_s(mh: MultiHost) -> None:
     )
     async with sc.traffic(retry_connection_errors=True):
         cut_at = sc.fault(mh.net.cut(host))
-        decided = await mh.leader_changed_since(cut_at, within=CUT_FOR - 1)
         await asyncio.sleep(max(0.0, cut_at + CUT_FOR - time.time()))
         healed_at = mh.net.heal(host)
         print(f"   healed {host.name} after {healed_at - cut_at:.1f} s", flush=True)
@@ -117,6 +120,7 @@ async def test_the_leaders_host_cut_off_for_20_s(mh: MultiHost) -> None:
         took=took,
         retry_until=healed_at + RETRY_WINDOW if has_coordinator else None,
     )
+    decided = await mh.leader_changed_since(cut_at, within=5)
     sc.check(inv.failover(cut_at, decided, HOST_FAILOVER_WITHIN, "the majority's controller"))
     sc.check(mhinv.minority_decided_nothing(entries, mh.sources_on(host), cut_at, healed_at))
     sc.check(
@@ -149,7 +153,6 @@ async def test_a_whole_host_killed_and_brought_back(mh: MultiHost) -> None:
         with mh.held(host):
             down_at = sc.fault(await asyncio.to_thread(mh.net.kill, host))
             print(f"   killed every process of {host.name}: {', '.join(names)}", flush=True)
-            decided = await mh.leader_changed_since(down_at, within=HOST_DOWN_FOR - 1)
             await asyncio.sleep(max(0.0, down_at + HOST_DOWN_FOR - time.time()))
         back_at = time.time()  # released: the supervisor starts the host's processes again
         print(f"   {host.name} back after {back_at - down_at:.1f} s", flush=True)
@@ -157,5 +160,7 @@ async def test_a_whole_host_killed_and_brought_back(mh: MultiHost) -> None:
         serving = await mh.serving_again(host, within=CONVERGE_WITHIN) if has_coordinator else None
         took = await sc.converge(back_at)
     await _finish_common(sc, mh, fault_ended=back_at, took=took, killed=names, retry_until=serving)
-    sc.check(inv.failover(down_at, decided, HOST_FAILOVER_WITHIN, "the other controller"))
+    # From the log: the announcement may come after the host is back, if NATS took that long.
+    decided = await mh.leader_changed_since(down_at, within=5)
+    sc.check(inv.failover(down_at, decided, HOST_FAILOVER_WITHIN, "a controller"))
     sc.finish()
