@@ -7,6 +7,7 @@ removed after the last scenario, or after a failure: no namespace, veth or bridg
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 from collections.abc import AsyncIterator
@@ -14,6 +15,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from tests.multihost.harness import MultiHost
+from tests.multihost.netns import sweep
 
 pytestmark = pytest.mark.multihost
 
@@ -38,6 +40,8 @@ async def hosts_cluster(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterat
         yield mh
     finally:
         await mh.stop()
+        left = await asyncio.to_thread(sweep)
+        assert not left, f"teardown left namespaces or links behind: {left}"
 
 
 @pytest.fixture
