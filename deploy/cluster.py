@@ -32,7 +32,7 @@ from core.ids import new_id
 from deploy.clusterplan import NodePlan, Ports, fit_replicas, plan_nodes
 from deploy.hosts import LOCAL, Host
 from deploy.natscluster import SINGLE, NatsCluster, plan_members
-from deploy.supervise import Backoff, Notice, Supervisor, Watch, wait_popen
+from deploy.supervise import Backoff, Notice, Supervisor, Watch, die_with_parent, wait_popen
 from deploy.sweep import session_pids, stop_strays, wait_for_exit
 from streams.connection import NatsOptions
 from streams.server import EmbeddedNats
@@ -275,6 +275,7 @@ class LocalCluster:
                 stdin=subprocess.DEVNULL,
                 env=env,
                 start_new_session=True,
+                preexec_fn=die_with_parent,  # motor up killed -9 takes its children along
             )
         child = Child(name, argv, log, proc, extra, host)
         self.children.append(child)
@@ -386,8 +387,7 @@ class LocalCluster:
                     os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
         stray_count = 0
-        # Again until none is left: an engine a node agent was starting as it stopped shows
-        # up only after the first sweep.
+        # Again until none is left: an engine started as its agent stopped shows up later.
         for _ in range(3):
             strays = list(session_pids(self.session))
             if not strays:

@@ -201,7 +201,8 @@ async def _run_up(cluster: Any, *, live: bool) -> int:
     cluster.supervisor.on_notice = on_notice
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    # SIGHUP: the terminal closed under it; stopped in order, as on Ctrl-C.
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         loop.add_signal_handler(sig, stop.set)
     t0 = time.monotonic()
     plan = cluster.node_plan()

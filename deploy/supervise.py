@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import signal
 import subprocess
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -174,6 +175,22 @@ class Supervisor:
             w.restarts += 1
             w.started_at = time.monotonic()
             self._notify(Notice(w.name, "restarted", code, delay, w.restarts))
+
+
+def die_with_parent() -> None:
+    """In a child between fork and exec: SIGTERM it when the process that started it dies.
+
+    `motor up` killed -9 (or its terminal closed under it) then takes its children along: each
+    stops as on Ctrl-C (a node agent stops its engines first), instead of running unowned.
+    Linux only; elsewhere a no-op.
+    """
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
 
 
 async def wait_popen(proc: subprocess.Popen[bytes]) -> int:
