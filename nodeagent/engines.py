@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -66,6 +66,18 @@ class Endpoint:
 
     def url(self, path: str) -> str:
         return f"http://{self.spec.ip}:{self.spec.business_port}{path}"
+
+
+# `motor up` finds the engines of a session by this variable (deploy.sweep): the one of Motor's
+# an engine keeps.
+KEPT_FOR_ENGINES = frozenset({"MOTOR_UP_SESSION"})
+
+
+def inherited_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """What an engine inherits from its agent: everything but Motor's own variables, which name
+    the agent's NATS login (`MOTOR_NATS_CONTEXT`, `MOTOR_NATS_PASSWORD` …) and API keys an
+    engine has no business with (its section's `env` is laid on top)."""
+    return {k: v for k, v in environ.items() if not k.startswith("MOTOR_") or k in KEPT_FOR_ENGINES}
 
 
 class Engines:
@@ -169,7 +181,7 @@ class Engines:
     def engine_env(self, spec: LaunchSpec, ep: EndpointSpec, n_endpoints: int) -> dict[str, str]:
         devices = split_devices(self.settings.devices, n_endpoints, ep.id)
         return {
-            **os.environ,
+            **inherited_env(os.environ),
             **self.settings.section.env,
             **spec.env,
             **device_env(self.settings.device_env, devices),

@@ -133,6 +133,27 @@ async def test_openai_sdk_through_coordinator_pd_equals_union(harness: Harness) 
     assert [m.id for m in models.data] == ["motor-sim"]
 
 
+async def test_an_engine_inherits_none_of_its_agents_credentials(harness: Harness) -> None:
+    """Regression (issue 24): an engine inherited its agent's whole environment, the path to the
+    agent's NATS login (`MOTOR_NATS_CONTEXT`) included."""
+    h = harness
+    await wait_ready(h)
+    iid = h.instance_of(Role.UNION)
+    node = h.state.instances[iid].spec.members[0].node_id
+    agent = h.cluster.child(f"nodeagent-{node}").proc
+    assert agent is not None
+    agent_env = _environ(agent.pid)
+    assert "MOTOR_NATS_CONTEXT" in agent_env  # what the agent logs in with
+    engine_env = _environ(engine_pid(h.engine_port(iid)))
+    assert not [k for k in engine_env if k.startswith("MOTOR_") and k != "MOTOR_UP_SESSION"], engine_env
+    assert engine_env.get("MOTOR_UP_SESSION") == agent_env.get("MOTOR_UP_SESSION")  # motor up finds it
+
+
+def _environ(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(kv.decode(errors="replace").split("=", 1) for kv in raw if b"=" in kv)
+
+
 async def test_kill_engine_requests_keep_succeeding_and_instance_recovers(harness: Harness) -> None:
     h = harness
     d_id = h.instance_of(Role.DECODE)
