@@ -39,13 +39,17 @@ def decide(
     *,
     source: str = "controller",
     hearing_since: float = 0.0,
+    heard_until: float | None = None,
 ) -> list[Decision]:
     """What the controller appends next, given the state folded so far and the time.
 
     `hearing_since` is when the controller last began to hear heartbeats (it caught up,
     reconnected to NATS, or took over the lease): no node is judged silent for longer.
+    `heard_until` is the last moment heartbeats are known to have been able to land (the
+    heartbeat stream answered, `controller.hearing`; None: now): silence after it is not
+    counted.
     """
-    ctx = Ctx.build(state, cfg, now, source, hearing_since)
+    ctx = Ctx.build(state, cfg, now, source, hearing_since, heard_until)
     # A batch is appended in order and `motor replay --verify` re-derives each decision on the
     # state after the ones before it, so no decision may be invalidated by folding an earlier
     # one of its batch. Whatever a pending replacement (isolate now, terminate next round)

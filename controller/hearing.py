@@ -7,7 +7,9 @@ the nodes: with a `heartbeat_timeout` shorter than an election, every instance g
 because of the log. So the controller asks the stream a question only its leader answers
 (its info) every `every` seconds; while that goes unanswered the controller is deaf, and once it
 is answered again every node gets its whole `heartbeat_timeout` from then on, as after an
-outage of NATS itself.
+outage of NATS itself. Nor does silence grow past the moment of the last question answered
+(`answered_asked_at`, the controller's `heard_until`): a node is charged only for time the
+stream was known to take heartbeats, however long noticing the outage took.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ PROBE_EVERY = 1.0
 # How long an answer may take before the stream counts as leaderless: longer than a busy
 # machine's worst answer, so a slow reply never deafens the controller.
 ANSWER_WITHIN = 2.0
+STILL_DOWN_EVERY = 60.0  # seconds between warnings while it stays unanswered
 
 
 class HeartbeatPath:
@@ -45,19 +48,35 @@ class HeartbeatPath:
         self.every = every
         self.answer_within = answer_within
         self.down = False
+        self.down_since = self.warned_at = 0.0
         self.back_since = 0.0
         self.outages = 0
+        # When the last question the stream answered was asked: heartbeats could land up to
+        # then (None until the first answer).
+        self.answered_asked_at: float | None = None
 
     async def probe(self) -> bool:
         """Ask once; True when the stream's leader answered within `answer_within`."""
+        asked = self.clock()
         try:
             await stream_last_seq(self.nc, HB_STREAM, wait=self.answer_within)
         except Exception as exc:  # no leader, NATS away, no permission: heartbeats are not landing
+            now = self.clock()
             if not self.down:
                 self.down = True
+                self.down_since = self.warned_at = now
                 self.outages += 1
                 log.warning("%s does not answer (%s): no node is judged silent until it does", HB_STREAM, exc)
+            elif now - self.warned_at >= STILL_DOWN_EVERY:
+                self.warned_at = now
+                log.warning(
+                    "%s has not answered for %.0f s (%s): no node is judged silent meanwhile",
+                    HB_STREAM,
+                    now - self.down_since,
+                    exc,
+                )
             return False
+        self.answered_asked_at = asked
         if self.down:
             self.down = False
             self.back_since = self.clock()

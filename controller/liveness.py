@@ -29,9 +29,13 @@ def judged_silence(ctx: Ctx, node: NodeRecord) -> float:
     """Silence as far as it is the node's: never longer than the controller could hear.
 
     After NATS was away, the fold caught up, or the lease was taken over, every node gets
-    `heartbeat_timeout` from then on to be heard: a log that was away silences nobody.
+    `heartbeat_timeout` from then on to be heard: a log that was away silences nobody. Nor is
+    silence counted past the last moment heartbeats could land (`heard_until`): while the
+    heartbeat stream elects a leader, no node grows quieter.
     """
-    return min(silence(ctx, node), ctx.now - ctx.hearing_since)
+    last = node.last_hb_ts if node.last_hb_ts is not None else node.registered_ts
+    until = ctx.now if ctx.heard_until is None else min(ctx.now, ctx.heard_until)
+    return max(0.0, min(until - last, ctx.now - ctx.hearing_since))
 
 
 def _hb_cause(node: NodeRecord, text: str) -> Cause:

@@ -87,6 +87,9 @@ class Ctx:
     # Since when the controller could hear heartbeats (caught up, reconnected, took over):
     # silence before it is the controller's deafness, not the node's (controller.liveness).
     hearing_since: float = 0.0
+    # The last moment heartbeats could land (the heartbeat stream answered): a stream electing
+    # a leader takes none, so silence after it is not the nodes' either (controller.hearing).
+    heard_until: float | None = None
 
     @classmethod
     def build(
@@ -96,8 +99,9 @@ class Ctx:
         now: float,
         source: str = "controller",
         hearing_since: float = 0.0,
+        heard_until: float | None = None,
     ) -> Ctx:
-        return cls(state, cfg, now, build_index(state), source, hearing_since)
+        return cls(state, cfg, now, build_index(state), source, hearing_since, heard_until)
 
     @property
     def term(self) -> int:

@@ -124,6 +124,11 @@ class ControllerService:
         back = path.back_since if path is not None else 0.0
         return max(self.log.hearing_since, took, back)
 
+    def heard_until(self) -> float | None:
+        """The last moment heartbeats are known to have been able to land (None: now)."""
+        path = self.heartbeat_path
+        return path.answered_asked_at if path is not None else None
+
     # ------------------------------------------------------------------ run
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -270,6 +275,7 @@ class ControllerService:
                 self.clock(),
                 source=f"controller/{self.id}",
                 hearing_since=self.hearing_since(),
+                heard_until=self.heard_until(),
             )
             self.metrics.decide_seconds.observe(time.perf_counter() - started)
             if decisions and await appender.append(decisions, lead.may_write) is Outcome.FENCED:

@@ -83,6 +83,7 @@ class Log:
         self.cfg = cfg
         self.now = now
         self.hearing_since = 0.0  # when the controller began to hear (reconnect, catch-up, takeover)
+        self.heard_until: float | None = None  # the last moment heartbeats could land (None: now)
         self.seq = 0
         self.state = ClusterState()
         self.events: list[tuple[int, EventBase]] = []  # the MOTOR log
@@ -104,7 +105,11 @@ class Log:
 
     def decide(self, now: float | None = None) -> list[Decision]:
         return decide(
-            self.state, self.cfg, self.now if now is None else now, hearing_since=self.hearing_since
+            self.state,
+            self.cfg,
+            self.now if now is None else now,
+            hearing_since=self.hearing_since,
+            heard_until=self.heard_until,
         )
 
     def commit(self, decisions: Iterable[Decision]) -> list[Decision]:

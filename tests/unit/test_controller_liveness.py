@@ -122,3 +122,16 @@ def test_a_recent_hearing_does_not_bring_a_silent_instance_back() -> None:
     log.tick(1.0, heartbeats=False)
     assert log.decide() == []
     assert log.inst(1) == InstanceState.INACTIVE
+
+
+def test_no_silence_is_counted_past_the_last_moment_heartbeats_could_land() -> None:
+    # The heartbeat stream elects a leader (its server died): no heartbeat lands, and a
+    # controller that noticed it late still charges the nodes only up to its last answer.
+    log = up()
+    last_answer = log.now + 1.0
+    silent(log, "n1", 0.0)
+    log.tick(30.0, heartbeats=False)  # nobody heard for 30 s, the stream answered 1 s in
+    log.heard_until = last_answer
+    assert log.decide() == []
+    log.heard_until = None  # had it answered all along, the silence would be the nodes'
+    assert log.types(log.decide()) == ["instance.state_changed:INACTIVE"]
