@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import re
 from collections.abc import Callable
@@ -153,6 +154,28 @@ def sd_targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ]
 
 
+def unscrapable(host: str) -> str | None:
+    """Why the coordinator will not fetch `/metrics` from this engine address, or None.
+
+    An address comes from a registration, which anyone with a node's credentials may write,
+    and `/metrics/engines` hands back what was fetched: a link-local address (169.254.169.254 is
+    a cloud's instance metadata, credentials included), multicast, broadcast or an unspecified
+    one is no engine, nor is a host name, which could resolve to any of these.
+    """
+    if host == "localhost":
+        return None
+    try:
+        addr = ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return f"{host!r} is not an IP address (engines register theirs)"
+    reserved = addr.is_reserved and addr.version == 4  # 240/4 (IPv6's "reserved" holds ::1)
+    if addr.is_link_local or addr.is_multicast or addr.is_unspecified or reserved:
+        return f"{host} is a link-local, multicast, reserved or unspecified address, not an engine's"
+    if isinstance(addr, ipaddress.IPv4Address) and addr == ipaddress.IPv4Address("255.255.255.255"):
+        return f"{host} is the broadcast address"
+    return None
+
+
 @dataclass
 class EngineScraper:
     """Scrapes every known engine on an interval and keeps its relabelled exposition."""
@@ -163,6 +186,7 @@ class EngineScraper:
     latest: dict[str, list[tuple[str, list[str]]]] = field(default_factory=dict)
     _task: asyncio.Task[None] | None = None
     _session: aiohttp.ClientSession | None = None
+    _refused: set[str] = field(default_factory=set)  # endpoints whose address is not fetched
 
     async def start(self) -> None:
         """Begin scraping in the background."""
@@ -194,6 +218,13 @@ class EngineScraper:
     async def _one(self, row: dict[str, Any]) -> None:
         assert self._session is not None
         key = str(row["key"])
+        why = unscrapable(str(row["host"]))
+        if why is not None:
+            if self.latest.pop(key, None) is not None or key not in self._refused:
+                log.warning("engine metrics of %s not fetched: %s", key, why)
+            self._refused.add(key)
+            self._count(key, "refused")
+            return
         url = f"http://{row['host']}:{row['port']}/metrics"
         try:
             timeout = aiohttp.ClientTimeout(total=min(self.interval, 5.0))

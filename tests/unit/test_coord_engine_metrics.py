@@ -62,3 +62,32 @@ def test_sd_targets_list_every_engine_with_its_labels() -> None:
                                                  "__metrics_path__": "/metrics"}},
     ]  # fmt: skip
     assert node_of("prefill-0/1") == "prefill-0"
+
+
+def test_addresses_that_are_no_engine_are_never_fetched() -> None:
+    # A registration is written by anyone holding a node's credentials, and /metrics/engines
+    # hands back what was fetched: the cloud's metadata service must not be one of them.
+    from coordinator.enginemetrics import unscrapable
+
+    for host in ("169.254.169.254", "fe80::1", "0.0.0.0", "::", "224.0.0.1", "255.255.255.255", "240.0.0.1"):
+        assert unscrapable(host) is not None, host
+    assert "not an IP address" in str(unscrapable("metadata.google.internal"))
+    for host in ("10.0.0.2", "127.0.0.1", "198.18.0.11", "::1", "[::1]", "localhost"):
+        assert unscrapable(host) is None, host
+
+
+async def test_the_scraper_refuses_a_metadata_address_without_a_request() -> None:
+    import time
+
+    from coordinator.enginemetrics import EngineScraper
+
+    row = {**ROW, "key": "evil/0", "host": "169.254.169.254", "port": 80}
+    scraper = EngineScraper(lambda: [row], interval=30.0)
+    await scraper.start()
+    try:
+        started = time.monotonic()
+        await scraper.scrape_once()
+        assert time.monotonic() - started < 1.0  # nothing dialled (it would wait for a timeout)
+        assert "evil/0" not in scraper.latest and scraper.render() == b""
+    finally:
+        await scraper.stop()
