@@ -21,9 +21,8 @@ from coordinator.metrics import BREAKER_CLOSED, BREAKER_HALF_OPEN, BREAKER_OPEN
 from coordinator.policies import Policy, make_policy
 from coordinator.proxy.app import ProxyApp
 from coordinator.proxy.asgi import ASGIApp, Lifespan
-from coordinator.proxy.exchange import Upstreams
 from coordinator.proxy.flows import Flows
-from coordinator.proxy.pool import UpstreamPool
+from coordinator.proxy.pool import UpstreamPool, Upstreams
 from coordinator.proxy.server import ProxyServer
 from coordinator.table import Incarnation
 from core.coordconfig import CoordinatorConfig

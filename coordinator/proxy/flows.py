@@ -14,8 +14,8 @@ from coordinator.faultlog import FaultLog
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.policies import Policy, RequestInfo
 from coordinator.proxy.call import Call, Retry
-from coordinator.proxy.exchange import Upstreams
 from coordinator.proxy.hop import Broken, Hop
+from coordinator.proxy.pool import Upstreams
 from coordinator.proxy.resume import on_stream_broken
 from coordinator.routes import Router
 from coordinator.table import Endpoint, Plan, RoutingTable

@@ -21,7 +21,7 @@ from coordinator.faultlog import FaultLog
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.proxy.call import Call, Retry
 from coordinator.proxy.client_sinks import AnthropicSink
-from coordinator.proxy.exchange import Upstreams
+from coordinator.proxy.pool import Upstreams
 from coordinator.proxy.upstream import UpstreamConn, UpstreamError
 from coordinator.table import Endpoint
 from core.http_errors import anthropic_error, anthropic_from

@@ -11,12 +11,9 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import httptools
-
-if TYPE_CHECKING:
-    from coordinator.proxy.pool import UpstreamPool
 
 
 class UpstreamError(Exception):
@@ -46,10 +43,31 @@ def _nodelay(transport: asyncio.BaseTransport) -> None:
             pass
 
 
+class Home(Protocol):
+    """What a connection needs of the pool it belongs to (`pool.UpstreamPool`): a place to go
+    back to when idle, and the sweeps that time its exchange out."""
+
+    loop: asyncio.AbstractEventLoop
+
+    def put(self, conn: UpstreamConn) -> None: ...
+
+    def forget(self, conn: UpstreamConn) -> None: ...
+
+    def watch(self, conn: UpstreamConn, timeout: float) -> None: ...
+
+    def unwatch(self, conn: UpstreamConn) -> None: ...
+
+    def watch_stall(self, conn: UpstreamConn) -> None: ...
+
+    def unwatch_stall(self, conn: UpstreamConn) -> None: ...
+
+    def heard(self, conn: UpstreamConn) -> None: ...
+
+
 class UpstreamConn(asyncio.Protocol):
     """One keep-alive HTTP/1.1 connection to an engine, one exchange at a time."""
 
-    def __init__(self, pool: UpstreamPool, key: tuple[str, int]) -> None:
+    def __init__(self, pool: Home, key: tuple[str, int]) -> None:
         self.pool = pool
         self.key = key
         self.loop = pool.loop
@@ -271,9 +289,7 @@ class UpstreamConn(asyncio.Protocol):
 
     def resume(self) -> None:
         self.paused = False
-        seen = self.pool.streaming.get(self)
-        if seen is not None:
-            seen[1] = self.loop.time()  # the engine's silence is measured from now again
+        self.pool.heard(self)  # the engine's silence is measured from now again
         if self.transport is not None and not self.closed:
             self.transport.resume_reading()
 
@@ -282,11 +298,11 @@ class UpstreamConn(asyncio.Protocol):
     def _unwatch(self) -> None:
         if self.watched:
             self.watched = False
-            self.pool.first_byte.pop(self, None)
+            self.pool.unwatch(self)
 
     def _unwatch_stall(self) -> None:
         self.stall_watched = False
-        self.pool.streaming.pop(self, None)
+        self.pool.unwatch_stall(self)
 
     def on_stall(self, silent_for: float) -> None:
         """The engine sent nothing mid-stream for the inter-token timeout (the pool's sweep)."""
