@@ -10,6 +10,7 @@ import logging
 
 from coordinator.adapters import adapter_for
 from coordinator.breaker import Breakers
+from coordinator.choose import Chooser
 from coordinator.faultlog import FaultLog
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.policies import Policy, RequestInfo
@@ -17,7 +18,6 @@ from coordinator.proxy.call import Call, Retry
 from coordinator.proxy.hop import Broken, Hop
 from coordinator.proxy.pool import Upstreams
 from coordinator.proxy.resume import on_stream_broken
-from coordinator.routes import Router
 from coordinator.table import Endpoint, Plan, RoutingTable
 from core.events import Role
 from http1 import wire
@@ -41,7 +41,7 @@ class Flows:
     ) -> None:
         self.table = table
         self.policies = policies
-        self.router = Router(table, policies)
+        self.router = Chooser(table, policies)
         self.hop = Hop(ups, breakers, metrics=metrics, faults=faults)
         self.retries = retries
         self.metrics = metrics
@@ -63,7 +63,7 @@ class Flows:
         last: Retry | None = None
         for _ in range(self.retries + 1):
             self.readmit(call)
-            route = self.router.choose(call.model, info, call.exclude, plan)
+            route = self.router.choose(plan or self.table.plan(call.model), info, call.exclude)
             if route is None:
                 break
             call.attempts += 1

@@ -19,6 +19,7 @@ import orjson
 
 from coordinator.adapters import splitting
 from coordinator.endpoint import Endpoint, Plan
+from coordinator.plan import Serves, make_plan
 from coordinator.policies import RequestInfo
 from coordinator.proxy.call import RESERVED, Call, Retry, client_request_id
 from core.events import Role
@@ -39,6 +40,10 @@ class NativeRoute:
     engines: frozenset[str]
     roles: tuple[Role, ...]  # single-hop roles, in order of preference
     pd: tuple[str, ...] = ()  # the P/D capabilities whose adapters can split it
+
+    @property
+    def plan_rules(self) -> Serves:
+        return Serves(self.engines, self.roles, self.pd)
 
     def serves(self, ep: Endpoint) -> bool:
         """Whether this endpoint's engine serves the route, in a role it may be sent to."""
@@ -66,19 +71,8 @@ def handles(path: bytes) -> bool:
 
 def choose(routable: tuple[Endpoint, ...], route: NativeRoute, model: str | None) -> Plan:
     """P/D when an adapter splits the route and both halves speak it, else a single hop, else none."""
-    eps = [e for e in routable if route.serves(e) and (model is None or e.model == model)]
-    for cap in route.pd:
-        for et in sorted(route.engines):
-            halves = [
-                [e for e in eps if e.role == role and e.engine_type == et and cap in e.capabilities]
-                for role in (Role.PREFILL, Role.DECODE)
-            ]
-            if all(halves):
-                return Plan(kind="pd", capability=cap, engine_type=et, pd=((et, cap),))
-    for role in route.roles:
-        if any(e.role == role for e in eps):
-            return Plan(kind="single", role=role)
-    return Plan(kind="none")
+    eps = [e for e in routable if model is None or e.model == model]
+    return make_plan(eps, model, lambda: "none", route.plan_rules)
 
 
 class NativeRoutes:
