@@ -42,12 +42,6 @@ class Serves:
         """Whether a prefill → decode pair may serve the route (a lone prefill is then a stand-in)."""
         return self.pd is None or bool(self.pd)
 
-    def admits(self, ep: Endpoint) -> bool:
-        """Whether `ep`'s engine serves the route in some role (alone, or in a pair)."""
-        if self.engines is not None and ep.engine_type not in self.engines:
-            return False
-        return ep.role in self.alone or (self.splits and ep.role != Role.UNION)
-
 
 GENERATION = Serves()  # the /v1 generation routes: any engine, union or P/D, a prefill as a stand-in
 

@@ -1,11 +1,12 @@
-"""Which engines a seed-003 route may go to: the route table and the plan it gives."""
+"""Which engines a seed-003 route may go to: its row of the route table and the plan it gives."""
 
 from __future__ import annotations
 
 import pytest
 
 from coordinator.endpoint import Endpoint
-from coordinator.proxy.native import ROUTES, choose, handles
+from coordinator.plan import make_plan
+from coordinator.proxy.routes import ROUTES
 from core.events import Role
 
 
@@ -48,14 +49,18 @@ U, P, D = Role.UNION, Role.PREFILL, Role.DECODE
     ],
 )
 def test_route_plan(path: bytes, eps: list[Endpoint], want: tuple[str, Role | None]) -> None:
-    plan = choose(tuple(eps), ROUTES[path], "m")
+    mine = [e for e in eps if e.model == "m"]  # the table hands the plan one model's endpoints
+    plan = make_plan(mine, "m", lambda: "nothing", ROUTES[path].serves)
     assert (plan.kind, plan.role) == want
     if plan.kind == "pd":
         assert plan.capability == "bootstrap" and plan.engine_type == "sglang"
 
 
-def test_handled_paths() -> None:
-    for path in (b"/generate", b"/v1/score", b"/v1/rerank", b"/tokenize", b"/detokenize", b"/v1/models/m"):
-        assert handles(path)
-    for path in (b"/v1/models", b"/v1/completions", b"/metrics"):
-        assert not handles(path)
+def test_native_paths_are_rows_of_the_one_route_table() -> None:
+    for path in (b"/generate", b"/v1/score", b"/v1/rerank", b"/tokenize", b"/detokenize"):
+        route = ROUTES[path]
+        assert route.native and route.path == path and not route.continuable and route.chat is None
+    for path in (b"/v1/chat/completions", b"/v1/completions", b"/v1/embeddings", b"/v1/messages"):
+        assert not ROUTES[path].native
+    for path in (b"/v1/models", b"/v1/models/m", b"/metrics"):
+        assert path not in ROUTES  # answered by the proxy itself or the management app
