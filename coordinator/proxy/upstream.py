@@ -201,7 +201,7 @@ class UpstreamConn(asyncio.Protocol):
             except RuntimeError:  # uvloop raises on a handle closed meanwhile (asyncio drops the bytes)
                 pass
         # on_closed_before_send: the engine died between the connect (or the pool) and this
-        # write. The request never went out: a plain transport failure the flows retry
+        # write. The request never went out: a plain transport failure the attempt loop retries
         # elsewhere, not a handler crash (it answered the client 500 in `just bench chaos`).
         self.closed = True
         self._fail("engine closed the connection before the request went out")

@@ -99,7 +99,7 @@ def test_equal_loads_take_turns_so_no_capacity_idles() -> None:
 
 def test_a_burst_spreads_over_union_and_pair_by_inflight() -> None:
     """16 requests arriving at once: each counts on its path before the next is routed (the
-    flows count a P/D request on its decode from the moment it is routed)."""
+    attempt loop counts a P/D request on its decode from the moment it is chosen)."""
     t = default_cluster()
     r = router(t)
     got: dict[str, int] = {}
