@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from core.events import Role
@@ -26,16 +26,17 @@ class Endpoint:
     waiting: int = 0
     avail_slots: int = 0
     avail_blocks: int = 0
-    inflight: int = 0  # this coordinator's requests on it now: counted only by `in_flight()`
+    inflight: int = 0  # this coordinator's requests on it now: counted only by `busy`
+    # `with ep.busy:` counts a request on it for the block: the one way it is counted.
+    busy: InFlight = field(init=False, repr=False, compare=False)
 
     @property
     def load(self) -> int:
         """Queue depth used by the load-aware policies."""
         return self.running + self.waiting + self.inflight
 
-    def in_flight(self) -> InFlight:
-        """Count a request on this endpoint for the `with` block (the one place it is counted)."""
-        return InFlight(self)
+    def __post_init__(self) -> None:
+        self.busy = InFlight(self)
 
     def as_dict(self) -> dict[str, Any]:
         """JSON view for `GET /v1/instances`."""
@@ -59,12 +60,13 @@ class Endpoint:
 
 
 class InFlight:
-    """A request counted on an endpoint while the block runs; the policies weigh it as load.
+    """An endpoint's in-flight count as a context manager (one per endpoint, made with it, so
+    counting costs a request no object).
 
-    The attempt loop holds one on the endpoint whose answer the client gets (a P/D decode from
-    the moment the pair is chosen, prefill leg included, so a burst sees the pair busy at
-    once) and the prefill leg one on its prefill. A later abort-on-leave (an endpoint that
-    left routing) would find its waiting attempts here."""
+    The attempt loop holds it on the endpoint whose answer the client gets (a P/D decode from
+    the moment the pair is chosen, prefill leg included, so a burst sees the pair busy at once)
+    and the prefill leg on its prefill. A later abort-on-leave (an endpoint that left routing)
+    would find the attempts waiting on an endpoint here."""
 
     __slots__ = ("ep",)
 

@@ -100,10 +100,12 @@ class Admission:
         self.ids = Ids()
 
     def gate(self, req: Request, max_body: int) -> Refused | None:
-        """Key, method, size and rate; None admits and holds a rate-limit slot until `release`."""
-        refused = denial(self.guard, req)
-        if refused is not None:
-            return refused
+        """Key, method, size and rate; None admits and holds a rate-limit slot until the
+        limiter's `release`."""
+        if self.guard.enabled:
+            refused = denial(self.guard, req)
+            if refused is not None:
+                return refused
         if req.method != b"POST":
             return Refused(405, f"{req.path.decode('latin-1')} takes POST", "method_not_allowed")
         if req.too_large:
@@ -117,11 +119,6 @@ class Admission:
                 retry = [(b"retry-after", refusal.header.encode())]
                 return Refused(429, refusal.message, "rate_limit_exceeded", retry)
         return None
-
-    def release(self) -> None:
-        """A request `gate` let in has ended."""
-        if self.limiter is not None:
-            self.limiter.release()
 
     def admit(self, conn: ClientConn, req: Request, route: ClientRoute) -> Ask | Refused:
         """The body's checks: the request as the engines get it, or why not."""

@@ -107,7 +107,7 @@ class Attempts:
                 number += 1
                 at = Attempt(self.legs, d, body, raw, number, prefill=cand.prefill, resuming=resuming)
                 try:
-                    with cand.ep.in_flight():
+                    with cand.ep.busy:
                         await self.attempt(at, cand)
                     return
                 except Retry as r:
@@ -136,7 +136,7 @@ class Attempts:
         """One attempt on one candidate: a single hop, or the pair's adapter (the coroutine is
         handed back, not awaited: a frame fewer on the hot path). A hedge would run this twice."""
         if cand.prefill is None:
-            return at.serve(cand.ep, at.raw)
+            return self.legs.serve(at, cand.ep, at.raw)
         return self._pair(at, cand)
 
     async def _pair(self, at: Attempt, cand: Candidate) -> None:

@@ -240,13 +240,16 @@ class OpenAI(Sink):
         if head is None:  # neither chunked nor a length: read it whole, send it with one
             await _whole(d, up, ep, prefill)
             return
-        _relayed(d, up)
-        transport = d.ask.conn.transport
+        conn = d.ask.conn
+        conn.upstream = up  # as `_relayed`, inline: this is the hot path
+        if conn.write_paused:
+            up.pause()
+        transport = conn.transport
         assert transport is not None  # set when the connection was made, never unset
         try:
             fut = up.commit(transport, head)
         except UpstreamError as exc:
-            d.ask.conn.upstream = None
+            conn.upstream = None
             raise Retry(f"{ep.key}: {exc}", ep=ep, cause=exc) from None
         d.committed = True
         await _until_end(d, up, ep, prefill, fut)
@@ -371,11 +374,6 @@ class Anthropic(_Translating):
 
     def stream_error(self, message: str) -> bytes:
         return anthropic_sse_error(502, message)
-
-
-def sink_for(ask: Ask) -> Sink:
-    """The sink of the request's client protocol."""
-    return Anthropic(ask.model or "") if ask.route.anthropic else OPENAI
 
 
 def _head(ask: Ask, up: UpstreamConn) -> bytes | None:

@@ -46,7 +46,7 @@ class Legs:
         """A prefill leg, whole, counted in flight on `p`; Retry on a transport error or a 5xx."""
         self.breakers.on_attempt(p.key)
         try:
-            with p.in_flight():
+            with p.busy:
                 status, data = await self.ups.fetch(p, at.ask.route.path, body, at.rid)
         except UpstreamError as exc:
             self.upstream_failed(p, exc)

@@ -19,7 +19,7 @@ from typing import Any
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.proxy.admit import Admission, Refused
 from coordinator.proxy.attempts import Attempts
-from coordinator.proxy.deliver import Delivery, sink_for
+from coordinator.proxy.deliver import OPENAI, Anthropic, Delivery
 from coordinator.proxy.routes import ClientRoute
 from coordinator.proxy.wholefold import WholeFold
 from coordinator.table import RoutingTable
@@ -59,10 +59,14 @@ class Pipeline:
         if refused is not None:
             self.refuse(conn, req, route, refused)
             return
+        limiter = adm.limiter
+        if limiter is None:
+            await self._admitted(conn, req, route)
+            return
         try:
             await self._admitted(conn, req, route)
         finally:
-            adm.release()
+            limiter.release()  # the slot `gate` took
 
     async def _admitted(self, conn: ClientConn, req: Request, route: ClientRoute) -> None:
         ask = self.admission.admit(conn, req, route)
@@ -75,7 +79,8 @@ class Pipeline:
             status, message, code = route.unserved(rows, ask.model, plan.reason)
             self.refuse(conn, req, route, Refused(status, message, code, [(b"x-request-id", ask.root_b)]))
             return
-        d = Delivery(ask, sink_for(ask), WholeFold(bool(route.chat)) if ask.fold else None)
+        sink = Anthropic(ask.model or "") if route.anthropic else OPENAI  # the client protocol's
+        d = Delivery(ask, sink, WholeFold(bool(route.chat)) if ask.fold else None)
         deadlines = self.deadlines
         task = conn.task if deadlines is not None else None
         if deadlines is not None and task is not None:
@@ -97,7 +102,7 @@ class Pipeline:
             d.timed_out(f"no complete answer within the request timeout of {deadlines.timeout:g} s")
         finally:
             if deadlines is not None and task is not None:
-                deadlines.end(task)
+                deadlines.due.pop(task, None)  # ended in time (or not: then swept already)
         if self.metrics is not None:
             self.metrics.stats.observe(route.name, d.status, time.perf_counter() - ask.t0, d.ttft)
         if self.on_done is not None:
@@ -122,13 +127,13 @@ class Deadlines:
     def __init__(self, timeout: float) -> None:
         self.timeout = timeout
         self.loop = asyncio.get_running_loop()
-        self._due: dict[asyncio.Task[Any], float] = {}
+        self.due: dict[asyncio.Task[Any], float] = {}  # popped by the pipeline when a request ends
         self._expired: set[asyncio.Task[Any]] = set()
         self._sweeper: asyncio.TimerHandle | None = None
 
     def start(self, task: asyncio.Task[Any]) -> None:
         """Cancel `task` once the timeout has passed (unless `end` comes first)."""
-        self._due[task] = self.loop.time() + self.timeout
+        self.due[task] = self.loop.time() + self.timeout
         if self._sweeper is None:
             self._sweeper = self.loop.call_later(_SWEEP, self._sweep)
 
@@ -139,15 +144,11 @@ class Deadlines:
             return True
         return False
 
-    def end(self, task: asyncio.Task[Any]) -> None:
-        """`task`'s request ended."""
-        self._due.pop(task, None)
-
     def _sweep(self) -> None:
         now = self.loop.time()
-        for task, due in list(self._due.items()):
+        for task, due in list(self.due.items()):
             if due <= now:
-                del self._due[task]
+                del self.due[task]
                 self._expired.add(task)
                 task.cancel()
-        self._sweeper = self.loop.call_later(_SWEEP, self._sweep) if self._due else None
+        self._sweeper = self.loop.call_later(_SWEEP, self._sweep) if self.due else None

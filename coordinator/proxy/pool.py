@@ -70,20 +70,6 @@ class UpstreamPool:
             else None
         )
 
-    def unwatch_stall(self, conn: UpstreamConn) -> None:
-        """Stop watching `conn`'s stream for silence."""
-        self.streaming.pop(conn, None)
-
-    def heard(self, conn: UpstreamConn) -> None:
-        """Measure `conn`'s silence from now (a slow client held its stream back until now)."""
-        seen = self.streaming.get(conn)
-        if seen is not None:
-            seen[1] = self.loop.time()
-
-    def unwatch(self, conn: UpstreamConn) -> None:
-        """Forget `conn`'s first-byte deadline."""
-        self.first_byte.pop(conn, None)
-
     def watch(self, conn: UpstreamConn, timeout: float) -> None:
         """Fail `conn`'s exchange if no body byte arrives within `timeout` seconds."""
         self.first_byte[conn] = self.loop.time() + timeout

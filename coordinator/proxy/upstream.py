@@ -48,6 +48,9 @@ class Home(Protocol):
     back to when idle, and the sweeps that time its exchange out."""
 
     loop: asyncio.AbstractEventLoop
+    # Read and popped by the connection itself, not through calls: they are on every exchange.
+    first_byte: dict[UpstreamConn, float]  # exchange -> first-byte deadline
+    streaming: dict[UpstreamConn, list[float]]  # watched stream -> [body length, when it grew]
 
     def put(self, conn: UpstreamConn) -> None: ...
 
@@ -55,13 +58,7 @@ class Home(Protocol):
 
     def watch(self, conn: UpstreamConn, timeout: float) -> None: ...
 
-    def unwatch(self, conn: UpstreamConn) -> None: ...
-
     def watch_stall(self, conn: UpstreamConn) -> None: ...
-
-    def unwatch_stall(self, conn: UpstreamConn) -> None: ...
-
-    def heard(self, conn: UpstreamConn) -> None: ...
 
 
 class UpstreamConn(asyncio.Protocol):
@@ -289,7 +286,9 @@ class UpstreamConn(asyncio.Protocol):
 
     def resume(self) -> None:
         self.paused = False
-        self.pool.heard(self)  # the engine's silence is measured from now again
+        seen = self.pool.streaming.get(self)
+        if seen is not None:
+            seen[1] = self.loop.time()  # the engine's silence is measured from now again
         if self.transport is not None and not self.closed:
             self.transport.resume_reading()
 
@@ -298,11 +297,11 @@ class UpstreamConn(asyncio.Protocol):
     def _unwatch(self) -> None:
         if self.watched:
             self.watched = False
-            self.pool.unwatch(self)
+            self.pool.first_byte.pop(self, None)
 
     def _unwatch_stall(self) -> None:
         self.stall_watched = False
-        self.pool.unwatch_stall(self)
+        self.pool.streaming.pop(self, None)
 
     def on_stall(self, silent_for: float) -> None:
         """The engine sent nothing mid-stream for the inter-token timeout (the pool's sweep)."""

@@ -94,9 +94,9 @@ def main(argv: list[str]) -> int:
             info = RequestInfo(model, None, "r", body)
             r = router.choose(table.plan(model), info, exclude)
             assert r is not None
-            with r.ep.in_flight() as ep:
+            with r.ep.busy as ep:
                 if r.prefill is not None:
-                    with r.prefill.in_flight():
+                    with r.prefill.busy:
                         pass
             return ep
 

@@ -111,7 +111,7 @@ def test_the_gate_refuses_keys_methods_sizes_and_rates_in_that_order() -> None:
     assert (r := gate(b"GET")) is not None and (r.status, r.code) == (405, "method_not_allowed")
     assert (r := gate(large=True)) is not None and (r.status, r.code) == (413, "body_too_large")
     assert gate() is None  # admitted: holds the one slot of the burst until released
-    adm.release()
+    limiter.release()
     r = gate()
     assert r is not None and (r.status, r.code) == (429, "rate_limit_exceeded")
     assert r.headers == [(b"retry-after", b"1")]
