@@ -31,7 +31,6 @@ class _Circuit:
     open_until: float = 0.0
     backoff: float = 0.0  # 0: has not opened since the last success
     probing: bool = False
-    last_reason: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +107,6 @@ class Breakers:
         c = self._circuits.get(key)
         if c is None:
             c = self._circuits[key] = _Circuit()
-        c.last_reason = reason
         now = self.clock()
         if c.backoff:
             if c.probing or now >= c.open_until:
@@ -140,10 +138,6 @@ class Breakers:
         c = self._circuits.get(key)
         if c is not None:
             c.probing = False
-
-    def snapshot(self) -> dict[str, BreakerState]:
-        """Every circuit that is not plainly closed."""
-        return {k: self.state(k) for k in self._circuits}
 
     def _notify(self, change: CircuitChange) -> None:
         if self.on_change is not None:

@@ -12,8 +12,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from coordinator.choose import any_path
 from coordinator.metrics import CoordinatorMetrics
-from coordinator.routes import any_path
 from coordinator.table import RoutingTable
 from core.coordconfig import CoordinatorConfig
 from core.events import AnyEvent, EventBase

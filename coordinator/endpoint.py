@@ -1,8 +1,8 @@
-"""Endpoint, Incarnation and Plan: what the routing table hands the hot path."""
+"""Endpoint, Incarnation, Plan and Candidate: what the routing table hands the hot path."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from core.events import Role
@@ -26,17 +26,17 @@ class Endpoint:
     waiting: int = 0
     avail_slots: int = 0
     avail_blocks: int = 0
-    inflight: int = 0  # this coordinator's in-flight requests (the proxy increments/decrements)
+    inflight: int = 0  # this coordinator's requests on it now: counted only by `busy`
+    # `with ep.busy:` counts a request on it for the block: the one way it is counted.
+    busy: InFlight = field(init=False, repr=False, compare=False)
 
     @property
     def load(self) -> int:
         """Queue depth used by the load-aware policies."""
         return self.running + self.waiting + self.inflight
 
-    @property
-    def base_url(self) -> str:
-        """`http://host:port` of the engine's business port."""
-        return f"http://{self.host}:{self.port}"
+    def __post_init__(self) -> None:
+        self.busy = InFlight(self)
 
     def as_dict(self) -> dict[str, Any]:
         """JSON view for `GET /v1/instances`."""
@@ -59,6 +59,28 @@ class Endpoint:
         }
 
 
+class InFlight:
+    """An endpoint's in-flight count as a context manager (one per endpoint, made with it, so
+    counting costs a request no object).
+
+    The attempt loop holds it on the endpoint whose answer the client gets (a P/D decode from
+    the moment the pair is chosen, prefill leg included, so a burst sees the pair busy at once)
+    and the prefill leg on its prefill. A later abort-on-leave (an endpoint that left routing)
+    would find the attempts waiting on an endpoint here."""
+
+    __slots__ = ("ep",)
+
+    def __init__(self, ep: Endpoint) -> None:
+        self.ep = ep
+
+    def __enter__(self) -> Endpoint:
+        self.ep.inflight += 1
+        return self.ep
+
+    def __exit__(self, *exc: object) -> None:
+        self.ep.inflight -= 1
+
+
 @dataclass(frozen=True, slots=True)
 class Incarnation:
     """One engine process behind an endpoint: its pid (when the agent says) and its READY's sequence."""
@@ -73,12 +95,13 @@ class Incarnation:
 
 @dataclass(frozen=True, slots=True)
 class Plan:
-    """What can serve a model, from the routable endpoints (before the breaker).
+    """What can serve a model on one client route, from the routable endpoints (before the
+    breaker): the kinds of candidate there are (`coordinator.plan.make_plan`).
 
     `kind`, `role`, `capability` and `engine_type` name the first choice when everything is
-    healthy (P/D, else a single hop) for `GET /v1/instances`; the router uses `pd`, `union`
-    and `prefill` to know which paths to weigh per request. `none` means nothing can serve
-    (a 503 before any attempt), with `reason`.
+    healthy (P/D, else a single hop) for `GET /v1/instances`; the chooser uses `pd`, `union`,
+    `prefill`, `decode` and `engines` to know which candidates to weigh per attempt. `none`
+    means nothing can serve (refused before any attempt), with `reason`.
     """
 
     kind: Literal["pd", "single", "none"]
@@ -88,7 +111,10 @@ class Plan:
     reason: str = ""  # none: why nothing can serve
     pd: tuple[tuple[str, str], ...] = ()  # (engine_type, capability) P and D share, preferred first
     union: bool = False  # union endpoints are routable
-    prefill: bool = False  # prefill endpoints may serve alone when no decode is usable
+    prefill: bool = False  # prefill endpoints may serve alone ...
+    prefill_last: bool = True  # ... only once no decode is usable (a route a pair can split)
+    decode: bool = False  # decode endpoints may serve alone (routes every role answers)
+    engines: frozenset[str] | None = None  # the engine types that serve the route (None: all)
 
     @property
     def paths(self) -> list[str]:
@@ -98,11 +124,13 @@ class Plan:
             out.append("union")
         if self.prefill:
             out.append("prefill")
+        if self.decode:
+            out.append("decode")
         return out
 
 
-class Route:
-    """One path chosen for one attempt: a single hop to `ep`, or a prefill leg then `ep` (decode)."""
+class Candidate:
+    """One way to serve an attempt: a single hop to `ep`, or a prefill leg then `ep` (decode)."""
 
     __slots__ = ("capability", "ep", "prefill")
 
@@ -113,5 +141,5 @@ class Route:
 
     def __repr__(self) -> str:
         if self.prefill is None:
-            return f"Route({self.ep.key})"
-        return f"Route({self.prefill.key} -> {self.ep.key} via {self.capability})"
+            return f"Candidate({self.ep.key})"
+        return f"Candidate({self.prefill.key} -> {self.ep.key} via {self.capability})"

@@ -22,21 +22,18 @@ import logging
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import aiohttp
 import orjson
+from fastapi import FastAPI
+from fastapi.responses import Response
 
+from coordinator.context import CoordinatorContext
 from coordinator.metrics import CoordinatorMetrics
-
-if TYPE_CHECKING:
-    from fastapi import FastAPI
-
-    from coordinator.context import CoordinatorContext
 
 log = logging.getLogger(__name__)
 
-OUR_LABELS = ("instance_id", "role", "node", "endpoint")
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S.*)$")
 _HEADER = re.compile(r"^#\s+(HELP|TYPE)\s+([a-zA-Z_:][a-zA-Z0-9_:]*)\b")
 
@@ -255,8 +252,6 @@ PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 
 def install_engine_metrics(app: FastAPI, ctx: CoordinatorContext) -> EngineScraper:
     """Add the engine-metrics and SD routes to the management app; scrape while it runs."""
-    from fastapi.responses import Response
-
     scraper = EngineScraper(ctx.table.describe, ctx.settings.engine_metrics_interval, ctx.metrics)
 
     async def engines() -> Response:
@@ -267,8 +262,8 @@ def install_engine_metrics(app: FastAPI, ctx: CoordinatorContext) -> EngineScrap
         """Prometheus HTTP service discovery: every engine's metrics address and labels."""
         return Response(orjson.dumps(sd_targets(ctx.table.describe())), media_type="application/json")
 
-    # response_model=None: the annotations name a class imported here, which the OpenAPI
-    # description (`/openapi.json`) could not resolve.
+    # response_model=None: these answer Prometheus text and SD JSON of their own, nothing
+    # for `/openapi.json` to describe as a model.
     app.add_api_route("/metrics/engines", engines, methods=["GET"], response_model=None)
     app.add_api_route("/instance/metrics", engines, methods=["GET"], response_model=None)
     app.add_api_route("/prometheus/targets", targets, methods=["GET"], response_model=None)

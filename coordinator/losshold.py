@@ -14,12 +14,9 @@ status yet) is part of the re-adoption too. Pure: the table asks, the coordinato
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
+from coordinator.endpoint import Incarnation
 from core.events import EndpointStatus, InstanceState
-
-if TYPE_CHECKING:
-    from coordinator.endpoint import Incarnation
 
 
 @dataclass

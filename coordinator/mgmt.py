@@ -22,12 +22,12 @@ from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from coordinator.choose import describe_plan
 from coordinator.context import CoordinatorContext
 from coordinator.enginemetrics import install_engine_metrics
 from coordinator.errors import CoordinatorError
 from coordinator.mgmt_schema import ALARM_BODY, ERRORS, REFRESH_BODY
 from coordinator.refresh import validate_refresh
-from coordinator.routes import describe_plan
 from core.events import InstancesRefreshed, PrecisionAlarmCleared, PrecisionAlarmClearedData
 from core.http_errors import openai_error
 from core.ids import new_id

@@ -10,12 +10,10 @@ above it is refused before it costs an engine anything.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from coordinator.table import RoutingTable
 from core.state import ClusterState
-
-if TYPE_CHECKING:
-    from coordinator.table import RoutingTable
 
 
 def model_limits(state: ClusterState) -> dict[str, int]:

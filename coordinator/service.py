@@ -12,31 +12,38 @@ import asyncio
 import contextlib
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+
+from nats.aio.client import Client
+from nats.js import JetStreamContext
 
 from coordinator.breaker import Breakers, BreakerState, CircuitChange
+from coordinator.choose import Chooser
 from coordinator.context import CoordinatorContext
 from coordinator.faultlog import FaultLog, Outbox
+from coordinator.feed import follow_log
 from coordinator.metrics import BREAKER_CLOSED, BREAKER_HALF_OPEN, BREAKER_OPEN
+from coordinator.mgmt import create_mgmt_app
 from coordinator.policies import Policy, make_policy
+from coordinator.proxy.admit import Admission
 from coordinator.proxy.app import ProxyApp
 from coordinator.proxy.asgi import ASGIApp, Lifespan
-from coordinator.proxy.exchange import Upstreams
-from coordinator.proxy.flows import Flows
-from coordinator.proxy.pool import UpstreamPool
+from coordinator.proxy.attempts import Attempts
+from coordinator.proxy.legs import Legs
+from coordinator.proxy.mgmtport import start_mgmt_server
+from coordinator.proxy.pipeline import Pipeline
+from coordinator.proxy.pool import UpstreamPool, Upstreams
+from coordinator.proxy.precision import PrecisionHook
 from coordinator.proxy.server import ProxyServer
+from coordinator.ratelimit import RateLimiter
 from coordinator.table import Incarnation
 from core.coordconfig import CoordinatorConfig
 from core.events import Role
+from http1.auth import Guard
 from http1.metrics import HttpCollector
-
-if TYPE_CHECKING:
-    from nats.aio.client import Client
-
-    from coordinator.proxy.precision import PrecisionHook
-    from coordinator.ratelimit import RateLimiter
-    from streams.connection import NatsOptions
-    from streams.livefold import LiveFold
+from streams.connection import NatsOptions, connect
+from streams.definitions import ensure_streams
+from streams.livefold import LiveFold
+from streams.publisher import Publisher
 
 log = logging.getLogger(__name__)
 
@@ -128,37 +135,30 @@ def build_proxy(
         first_token_timeout=s.first_token_timeout,
         inter_token_timeout=s.inter_token_timeout,
     )
-    flows = Flows(table, ups, breakers, make_policies(s), retries=s.retries, metrics=metrics, faults=faults)
-    app = ProxyApp(
-        flows,
-        api_keys=s.api_keys,
-        admin_keys=s.admin_keys,
+    legs = Legs(ups, breakers, metrics=metrics, faults=faults)
+    chooser = Chooser(table, make_policies(s))
+    attempts = Attempts(table, chooser, legs, retries=s.retries, metrics=metrics, faults=faults)
+    guard = Guard(s.api_keys, s.admin_keys, admin_field="coordinator.admin_keys")
+    rl = s.rate_limit
+    admission = Admission(
+        table,
+        guard,
+        limiter=RateLimiter(rl) if rl.requests_per_second or rl.max_in_flight else None,
         metrics=metrics,
-        mgmt_app=mgmt_app,
-        mgmt_probes_only=s.mgmt_port is not None,
-        limiter=_limiter(s),
-        on_done=_detector(ctx),
-        request_timeout=s.request_timeout,
         continue_whole_from=s.continue_whole_from_tokens,
     )
+    pipeline = Pipeline(
+        table,
+        admission,
+        attempts,
+        metrics=metrics,
+        on_done=PrecisionHook(ctx) if s.precision_detector.enabled else None,
+        request_timeout=s.request_timeout,
+    )
+    app = ProxyApp(
+        pipeline, table, guard, metrics=metrics, mgmt_app=mgmt_app, mgmt_probes_only=s.mgmt_port is not None
+    )
     return Proxy(app, ups, faults, outbox)
-
-
-def _limiter(s: CoordinatorConfig) -> RateLimiter | None:
-    rl = s.rate_limit
-    if not (rl.requests_per_second or rl.max_in_flight):
-        return None
-    from coordinator.ratelimit import RateLimiter
-
-    return RateLimiter(rl)
-
-
-def _detector(ctx: CoordinatorContext) -> PrecisionHook | None:
-    if not ctx.settings.precision_detector.enabled:
-        return None
-    from coordinator.proxy.precision import PrecisionHook
-
-    return PrecisionHook(ctx)
 
 
 class CoordinatorService:
@@ -199,13 +199,6 @@ class CoordinatorService:
 
     async def start(self) -> None:
         """Connect, ensure streams, start following the log and listen."""
-        from nats.js import JetStreamContext
-
-        from coordinator.feed import follow_log
-        from streams.connection import connect
-        from streams.definitions import ensure_streams
-        from streams.publisher import Publisher
-
         self._nc = await connect(self.nats, name=self.name, retry_initial=True)
         js: JetStreamContext = self._nc.jetstream()
         await ensure_streams(js, update=False)  # the controller owns the streams' settings
@@ -214,8 +207,6 @@ class CoordinatorService:
         )
         self._fold = follow_log(ctx, self._nc, name=f"coordinator/{self.name}")
         await self._fold.start()
-        from coordinator.mgmt import create_mgmt_app
-
         mgmt = create_mgmt_app(ctx)
         self._lifespan = Lifespan(mgmt)
         await self._lifespan.start()
@@ -232,8 +223,6 @@ class CoordinatorService:
         assert self.server.watchdog is not None
         http.add(self.server.watchdog)
         if self.settings.mgmt_port is not None:  # seed 001: the manage port
-            from coordinator.proxy.mgmtport import start_mgmt_server
-
             mp = self.settings.mgmt_port
             self.mgmt_server = await start_mgmt_server(
                 mgmt,

@@ -23,9 +23,9 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from coordinator.derive import Derived, copy_attrs, derive
-from coordinator.endpoint import Endpoint, Incarnation, Plan, Route
+from coordinator.endpoint import Endpoint, Incarnation, Plan
 from coordinator.losshold import LossHold
-from coordinator.plan import make_plan
+from coordinator.plan import GENERATION, Serves, make_plan
 from core.events import (
     AnyEvent,
     CircuitChanged,
@@ -40,11 +40,13 @@ from core.events import (
 from core.reducer import apply as reduce_apply
 from core.state import ClusterState
 
-__all__ = ["Endpoint", "Incarnation", "Plan", "Route", "RoutingTable"]
+__all__ = ["Endpoint", "Incarnation", "Plan", "RoutingTable"]
 
 log = logging.getLogger(__name__)
 
 _ROUTING_FACTS = frozenset({CircuitChanged, StreamsDisrupted})
+# (role, model, engine type, capability, engine types): one candidates() list each.
+_CandKey = tuple[Role, str | None, str | None, str | None, frozenset[str] | None]
 
 
 def _never_open(key: str) -> bool:
@@ -66,8 +68,9 @@ class RoutingTable:
         self._routable: tuple[Endpoint, ...] = ()
         self._by_node_ep: dict[tuple[str, int], Endpoint] = {}
         self._known_models: frozenset[str] = frozenset()
-        self._cand_cache: dict[tuple[Role, str | None, str | None, str | None], list[Endpoint]] = {}
-        self._plan_cache: dict[str | None, Plan] = {}
+        self._cand_cache: dict[_CandKey, list[Endpoint]] = {}
+        self._plan_cache: dict[str | None, Plan] = {}  # the /v1 generation routes' plans
+        self._route_plans: dict[tuple[Serves, str | None], Plan] = {}  # every other route's
         self._signature: tuple[Any, ...] = ()
         self.last_seq = 0  # MOTOR stream sequence of the last event applied
         self._incarnations: dict[str, Incarnation] = {}
@@ -174,11 +177,13 @@ class RoutingTable:
         *,
         engine_type: str | None = None,
         capability: str | None = None,
+        engines: frozenset[str] | None = None,
     ) -> list[Endpoint]:
-        """Routable endpoints of `role` serving `model` (any model when None), breaker-filtered."""
+        """Routable endpoints of `role` serving `model` (any model when None), of `engine_type`
+        (or one of `engines`) speaking `capability` when given, breaker-filtered."""
         if self._dirty:
             self._rebuild()
-        key = (role, model, engine_type, capability)
+        key = (role, model, engine_type, capability, engines)
         cached = self._cand_cache.get(key)
         if cached is None:
             cached = [
@@ -187,6 +192,7 @@ class RoutingTable:
                 if e.role == role
                 and (model is None or e.model == model)
                 and (engine_type is None or e.engine_type == engine_type)
+                and (engines is None or e.engine_type in engines)
                 and (capability is None or capability in e.capabilities)
             ]
             if model is None or model in self._known_models:
@@ -199,15 +205,24 @@ class RoutingTable:
             return cached
         return [e for e in cached if not is_open(e.key)]
 
-    def plan(self, model: str | None) -> Plan:
-        """Motor's router choice: P/D when P and D share a capability, else a single hop, else none."""
+    def plan(self, model: str | None, serves: Serves = GENERATION) -> Plan:
+        """What can serve `model` on a route (`serves`; the /v1 generation routes by default):
+        P/D when P and D share a capability, else a single hop, else none."""
         if self._dirty:
             self._rebuild()
-        cached = self._plan_cache.get(model)
+        if serves is GENERATION:
+            cached = self._plan_cache.get(model)
+            if cached is None:
+                cached = self._make_plan(model, serves)
+                if model is None or model in self._known_models:
+                    self._plan_cache[model] = cached
+            return cached
+        key = (serves, model)
+        cached = self._route_plans.get(key)
         if cached is None:
-            cached = self._make_plan(model)
+            cached = self._make_plan(model, serves)
             if model is None or model in self._known_models:
-                self._plan_cache[model] = cached
+                self._route_plans[key] = cached
         return cached
 
     def models(self) -> list[str]:
@@ -250,9 +265,9 @@ class RoutingTable:
 
     # ------------------------------------------------------------------ plan
 
-    def _make_plan(self, model: str | None) -> Plan:
+    def _make_plan(self, model: str | None, serves: Serves) -> Plan:
         eps = [e for e in self._routable if model is None or e.model == model]
-        return make_plan(eps, model, lambda: self._why_none(model))
+        return make_plan(eps, model, lambda: self._why_none(model), serves)
 
     def _why_none(self, model: str | None) -> str:
         what = f"model {model!r}" if model is not None else "any model"
@@ -294,4 +309,5 @@ class RoutingTable:
         # The plan also depends on the reasons for non-routability; cheap to recompute.
         self._cand_cache = {}
         self._plan_cache = {}
+        self._route_plans = {}
         self._dirty = False

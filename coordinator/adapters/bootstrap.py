@@ -10,18 +10,14 @@ are the same on SGLang's native `/generate`, so this adapter splits that route t
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 
+from coordinator.adapters.base import PairAttempt
 from coordinator.endpoint import Endpoint
-from coordinator.proxy.call import Retry
-from coordinator.proxy.hop import Broken
+from coordinator.proxy.outcome import Broken, Retry
 from core.ids import room_id
-
-if TYPE_CHECKING:
-    from coordinator.proxy.call import Call
-    from coordinator.proxy.hop import Hop
 
 CAPABILITY = "bootstrap"
 
@@ -60,31 +56,29 @@ class Bootstrap:
     capability = CAPABILITY
     native_paths = frozenset({b"/generate"})
 
-    async def run(self, call: Call, prefill: Endpoint, decode: Endpoint, rid: str, hop: Hop) -> None:
+    async def run(self, at: PairAttempt, prefill: Endpoint, decode: Endpoint) -> None:
         """Both legs at once; a prefill that fails first stops the decode waiting for its KV."""
         p, d = prefill, decode
         try:
             pbody, dbody = pd_bodies(
-                call.body,
+                at.body,
                 prefill_host=p.host,
                 bootstrap_port=p.bootstrap_port,
-                pair_id=call.root,
-                attempt=call.attempts,
-                request_id=rid,
+                pair_id=at.root,
+                attempt=at.number,
+                request_id=at.rid,
             )
         except BootstrapError as exc:
             raise Retry(str(exc), 503, ep=p) from None
-        call.prefill_by = p
         loop = asyncio.get_running_loop()
-        d.inflight += 1
-        ptask = loop.create_task(hop.prefill(p, call.path, orjson.dumps(pbody), rid))
-        dtask = loop.create_task(hop.serve_on(call, d, orjson.dumps(dbody), rid))
+        ptask = loop.create_task(at.prefill_leg(p, orjson.dumps(pbody)))
+        dtask = loop.create_task(at.serve(d, orjson.dumps(dbody)))
         try:
             done, _ = await asyncio.wait({ptask, dtask}, return_when=asyncio.FIRST_COMPLETED)
-            if ptask in done and not call.committed and _failed(ptask):
-                # Decode would wait for KV that never comes: stop it and try another path.
+            if ptask in done and not at.committed and _failed(ptask):
+                # Decode would wait for KV that never comes: stop it and try another candidate.
                 dtask.cancel()
-                hop.abort(d, rid)
+                at.abort(d)
                 await asyncio.gather(dtask, return_exceptions=True)
                 raise _as_retry(ptask, p)
             try:
@@ -92,20 +86,18 @@ class Bootstrap:
             except (Retry, Broken):
                 if not ptask.done():
                     ptask.cancel()
-                    hop.abort(p, rid)
+                    at.abort(p)
                 raise
             finally:
-                hop.keep(ptask)
+                at.keep(ptask)
         except asyncio.CancelledError:
             # The client went away: stop both engines.
             for t in (ptask, dtask):
                 t.cancel()
-                hop.keep(t)
-            hop.abort(p, rid)
-            hop.abort(d, rid)
+                at.keep(t)
+            at.abort(p)
+            at.abort(d)
             raise
-        finally:
-            d.inflight -= 1
 
 
 def _failed(task: asyncio.Task[Any]) -> bool:

@@ -10,15 +10,12 @@ client's answer: the request itself is bad, another path would refuse it too.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 
+from coordinator.adapters.base import PairAttempt
 from coordinator.endpoint import Endpoint
-
-if TYPE_CHECKING:
-    from coordinator.proxy.call import Call
-    from coordinator.proxy.hop import Hop
 
 CAPABILITY = "handoff"
 
@@ -74,21 +71,14 @@ class Handoff:
     capability = CAPABILITY
     native_paths: frozenset[bytes] = frozenset()  # the body rewrite knows OpenAI bodies only
 
-    async def run(self, call: Call, prefill: Endpoint, decode: Endpoint, rid: str, hop: Hop) -> None:
+    async def run(self, at: PairAttempt, prefill: Endpoint, decode: Endpoint) -> None:
         """Prefill leg whole, then the decode leg delivered to the client."""
-        decode.inflight += 1
+        status, data = await at.prefill_leg(prefill, orjson.dumps(prefill_body(at.body, at.rid)))
+        if status >= 400:
+            at.refused(status, data)
+            return
         try:
-            status, data = await hop.prefill(
-                prefill, call.path, orjson.dumps(prefill_body(call.body, rid)), rid
-            )
-            if status >= 400:
-                call.relay_error(status, data)
-                return
-            try:
-                kv = kv_params_of(orjson.loads(data))
-            except orjson.JSONDecodeError:
-                kv = None
-            call.prefill_by = prefill
-            await hop.serve_on(call, decode, orjson.dumps(decode_body(call.body, kv, rid)), rid)
-        finally:
-            decode.inflight -= 1
+            kv = kv_params_of(orjson.loads(data))
+        except orjson.JSONDecodeError:
+            kv = None
+        await at.serve(decode, orjson.dumps(decode_body(at.body, kv, at.rid)))

@@ -15,18 +15,18 @@ import orjson
 
 from coordinator.context import CoordinatorContext
 from coordinator.detector import PrecisionDetector
-from coordinator.proxy.call import Call
 from coordinator.proxy.continuation import progress_of
+from coordinator.proxy.deliver import Delivery
 
 log = logging.getLogger(__name__)
 
 
-def response_text(call: Call) -> str:
-    """The generated text of a finished call's response (JSON or SSE), "" if none."""
-    if not call.resp_body:
+def response_text(d: Delivery) -> str:
+    """The generated text of a finished request's response (JSON or SSE), "" if none."""
+    if not d.resp_body:
         return ""
-    data = b"".join(call.resp_body)
-    if call.stream:
+    data = b"".join(d.resp_body)
+    if d.ask.stream:
         return progress_of(data).text
     try:
         obj = orjson.loads(data)
@@ -44,27 +44,28 @@ def response_text(call: Call) -> str:
 
 
 class PrecisionHook:
-    """Called with every finished call (`ProxyApp.on_done`)."""
+    """Called with every finished request (`Pipeline.on_done`); only generation answers are
+    sampled (an engine-native route's body is no OpenAI answer)."""
 
     def __init__(self, ctx: CoordinatorContext, detector: PrecisionDetector | None = None) -> None:
         self.ctx = ctx
         self.detector = detector or PrecisionDetector(ctx.settings.precision_detector)
         self._tasks: set[asyncio.Task[Any]] = set()
 
-    def __call__(self, call: Call) -> None:
-        ep = call.served_by
-        if ep is None or call.status != 200 or not self.detector.should_sample():
+    def __call__(self, d: Delivery) -> None:
+        ep = d.served_by
+        if ep is None or d.status != 200 or d.ask.route.native or not self.detector.should_sample():
             return
         self.ctx.metrics.precision_checks.inc()
-        reason = self.detector.check(response_text(call))
+        reason = self.detector.check(response_text(d))
         if reason is None:
             return
-        p = call.prefill_by
+        p = d.prefill_by
         event = self.detector.alarm(
             d_instance_id=ep.instance_id,
             p_instance_id=p.instance_id if p is not None else None,
             reason=reason,
-            request_id=call.root,
+            request_id=d.ask.root,
             source=self.ctx.source,
             ts=time.time(),
         )

@@ -3,9 +3,10 @@ error bodies (Anthropic-shaped on the Anthropic routes, OpenAI-shaped elsewhere,
 refusal before the request was read). A client connection may hold an engine connection too,
 so each counts as two descriptors against the connection cap.
 
-`ClientConn` and `Request` are `http1.server`'s: handlers (`app.py`, `native.py`, `asgi.py`)
-write to the connection; a client that goes away cancels its request's task, which closes the
-engine connections it uses (an engine stops generating when its client disconnects).
+`ClientConn` and `Request` are `http1.server`'s: handlers (`app.py`, the pipeline it hands
+routed requests to, `asgi.py`) write to the connection; a client that goes away cancels its
+request's task, which closes the engine connections it uses (an engine stops generating when
+its client disconnects).
 """
 
 from __future__ import annotations

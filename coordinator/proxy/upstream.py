@@ -11,12 +11,9 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import httptools
-
-if TYPE_CHECKING:
-    from coordinator.proxy.pool import UpstreamPool
 
 
 class UpstreamError(Exception):
@@ -46,10 +43,28 @@ def _nodelay(transport: asyncio.BaseTransport) -> None:
             pass
 
 
+class Home(Protocol):
+    """What a connection needs of the pool it belongs to (`pool.UpstreamPool`): a place to go
+    back to when idle, and the sweeps that time its exchange out."""
+
+    loop: asyncio.AbstractEventLoop
+    # Read and popped by the connection itself, not through calls: they are on every exchange.
+    first_byte: dict[UpstreamConn, float]  # exchange -> first-byte deadline
+    streaming: dict[UpstreamConn, list[float]]  # watched stream -> [body length, when it grew]
+
+    def put(self, conn: UpstreamConn) -> None: ...
+
+    def forget(self, conn: UpstreamConn) -> None: ...
+
+    def watch(self, conn: UpstreamConn, timeout: float) -> None: ...
+
+    def watch_stall(self, conn: UpstreamConn) -> None: ...
+
+
 class UpstreamConn(asyncio.Protocol):
     """One keep-alive HTTP/1.1 connection to an engine, one exchange at a time."""
 
-    def __init__(self, pool: UpstreamPool, key: tuple[str, int]) -> None:
+    def __init__(self, pool: Home, key: tuple[str, int]) -> None:
         self.pool = pool
         self.key = key
         self.loop = pool.loop
@@ -183,7 +198,7 @@ class UpstreamConn(asyncio.Protocol):
             except RuntimeError:  # uvloop raises on a handle closed meanwhile (asyncio drops the bytes)
                 pass
         # on_closed_before_send: the engine died between the connect (or the pool) and this
-        # write. The request never went out: a plain transport failure the flows retry
+        # write. The request never went out: a plain transport failure the attempt loop retries
         # elsewhere, not a handler crash (it answered the client 500 in `just bench chaos`).
         self.closed = True
         self._fail("engine closed the connection before the request went out")

@@ -1,6 +1,6 @@
 """`just bench routing`: CPU of the coordinator's routing logic per request, against its budget.
 
-The hot path's routing is the router's choice of a path (plan for the model, candidates per
+The hot path's routing is the chooser's pick of a candidate (plan for the model, candidates per
 role, each role's policy pick, union against P/D on load) and in-flight accounting. Measured
 here without any I/O, per policy, for three models: `single` has 16 union endpoints, `pd` 16
 prefill + 16 decode, `mixed` all 48 (every request weighs a union pick against a P/D pick);
@@ -15,8 +15,8 @@ import argparse
 import time
 from collections.abc import Callable
 
+from coordinator.choose import Chooser
 from coordinator.policies import REGISTRY, RequestInfo, make_policy
-from coordinator.routes import Router
 from coordinator.table import RoutingTable
 from core.events import EventBase, Role
 from tests.unit.coord_events import heartbeat, instance_events
@@ -80,7 +80,7 @@ def main(argv: list[str]) -> int:
     results: dict[str, float] = {}
 
     def route(policy_name: str, model: str) -> Callable[[], object]:
-        router = Router(
+        router = Chooser(
             table,
             {
                 Role.UNION: make_policy(policy_name),
@@ -92,14 +92,12 @@ def main(argv: list[str]) -> int:
 
         def one() -> object:
             info = RequestInfo(model, None, "r", body)
-            r = router.choose(model, info, exclude)
+            r = router.choose(table.plan(model), info, exclude)
             assert r is not None
-            ep, p = r.ep, r.prefill
-            ep.inflight += 1
-            if p is not None:
-                p.inflight += 1
-                p.inflight -= 1
-            ep.inflight -= 1
+            with r.ep.busy as ep:
+                if r.prefill is not None:
+                    with r.prefill.busy:
+                        pass
             return ep
 
         return one

@@ -150,7 +150,7 @@ async def test_a_pair_speaking_only_a_protocol_without_an_adapter_fails_closed(
     tmp_path: Path, nats_server: EmbeddedNats, js: JetStreamContext, engines: dict[str, Engine]
 ) -> None:
     # Both halves register `trigger` (a dispatch profile the config knows): the plan pairs
-    # them, and the flows refuse the pair rather than send it half a protocol.
+    # them, and the attempt loop refuses the pair rather than send it half a protocol.
     c = await start_coordinator(tmp_path, nats_server.url)
     try:
         cluster = Cluster(Publisher(js))

@@ -12,7 +12,7 @@ import pytest
 from coordinator.adapters import REGISTRY, adapter_for, splitting
 from coordinator.adapters import bootstrap as sglang
 from coordinator.adapters import handoff as vllm
-from coordinator.proxy.native import ROUTES
+from coordinator.proxy.routes import ROUTES
 from core.config import EngineSection
 from core.ids import room_id
 
@@ -142,5 +142,5 @@ def test_a_protocol_without_an_adapter_has_none(capability: str | None) -> None:
 )
 def test_which_adapters_split_a_native_route(path: bytes, capabilities: tuple[str, ...]) -> None:
     assert splitting(path) == capabilities
-    if path in ROUTES:
-        assert ROUTES[path].pd == capabilities
+    if path in ROUTES and ROUTES[path].native:
+        assert ROUTES[path].serves.pd == capabilities

@@ -1,12 +1,12 @@
-"""Path choice: every healthy instance of a model competes — union endpoints and P/D pairs alike,
+"""Candidate choice: every healthy instance of a model competes — union endpoints and P/D pairs alike,
 on load — and every fallback (P/D → union → prefill alone) follows from the same choice."""
 
 from __future__ import annotations
 
 import pytest
 
+from coordinator.choose import Chooser, any_path
 from coordinator.policies import RequestInfo, make_policy
-from coordinator.routes import Router, any_path
 from coordinator.table import RoutingTable
 from core.events import EventBase, Role
 from tests.unit.coord_events import heartbeat, instance_events
@@ -34,16 +34,16 @@ def default_cluster() -> RoutingTable:
     )
 
 
-def router(t: RoutingTable, policy: str = "least_load") -> Router:
-    return Router(t, {r: make_policy(policy) for r in Role})
+def router(t: RoutingTable, policy: str = "least_load") -> Chooser:
+    return Chooser(t, {r: make_policy(policy) for r in Role})
 
 
 def info() -> RequestInfo:
     return RequestInfo("motor-sim", None, "r", {"prompt": "hello"})
 
 
-def route_of(r: Router, exclude: set[str] | None = None) -> str | None:
-    route = r.choose("motor-sim", info(), exclude or set())
+def route_of(r: Chooser, exclude: set[str] | None = None) -> str | None:
+    route = r.choose(r.table.plan("motor-sim"), info(), exclude or set())
     if route is None:
         return None
     if route.prefill is None:
@@ -99,12 +99,12 @@ def test_equal_loads_take_turns_so_no_capacity_idles() -> None:
 
 def test_a_burst_spreads_over_union_and_pair_by_inflight() -> None:
     """16 requests arriving at once: each counts on its path before the next is routed (the
-    flows count a P/D request on its decode from the moment it is routed)."""
+    attempt loop counts a P/D request on its decode from the moment it is chosen)."""
     t = default_cluster()
     r = router(t)
     got: dict[str, int] = {}
     for _ in range(16):
-        route = r.choose("motor-sim", info(), set())
+        route = r.choose(t.plan("motor-sim"), info(), set())
         assert route is not None
         route.ep.inflight += 1
         key = route.ep.key
@@ -142,7 +142,7 @@ def test_a_second_protocol_serves_when_the_first_has_no_pair() -> None:
     r = router(t)
     assert route_of(r) == "n4/0->n5/0"  # equal rank: the engine types' order decides
     t.is_open = {"n5/0"}.__contains__
-    route = r.choose("motor-sim", info(), set())
+    route = r.choose(t.plan("motor-sim"), info(), set())
     assert route is not None and route.capability == "handoff"
     assert route_of(r) == "n2/0->n3/0"
 
@@ -151,7 +151,7 @@ def test_unknown_or_unservable_model_has_no_path() -> None:
     t = cluster((3, Role.DECODE, "builtin", HANDOFF))
     r = router(t)
     assert route_of(r) is None
-    assert r.choose("other", info(), set()) is None
+    assert r.choose(t.plan("other"), RequestInfo("other", None, "r"), set()) is None
 
 
 def test_any_path_leaves_the_policies_alone() -> None:
@@ -170,7 +170,7 @@ def test_any_path_leaves_the_policies_alone() -> None:
 
 def test_prefix_is_computed_only_when_a_policy_reads_it() -> None:
     t = cluster((1, Role.UNION, "builtin", ()))
-    r = Router(
+    r = Chooser(
         t,
         {
             Role.UNION: make_policy("least_load"),
@@ -179,6 +179,6 @@ def test_prefix_is_computed_only_when_a_policy_reads_it() -> None:
         },
     )
     req = RequestInfo("motor-sim", None, "r", {"prompt": "x" * 100})
-    assert r.choose("motor-sim", req, set()) is not None
+    assert r.choose(t.plan("motor-sim"), req, set()) is not None
     assert req._prefix is None  # union-only model, least_load: nobody paid for the prefix
     assert req.prefix == b"x" * 100

@@ -1,0 +1,214 @@
+"""The attempt loop: every attempt of a request on the candidate its filter leaves, until one
+answers. Every ending the client sees without an engine's answer is made here.
+
+One loop serves every use of trying again: a failure before the first byte (`Retry`) excludes
+the endpoint and tries the next candidate; a stream (or folded whole answer) whose engine
+broke (`Broken`) excludes it and goes on with the continuation `resume.py` says, on any
+candidate of the model, with a fresh retry budget. The `Filter` is what changes between
+attempts. A hedge would be one more use: a second attempt run beside the first with a filter
+that excludes the first's endpoints, the first to commit answering.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from coordinator.adapters import adapter_for
+from coordinator.choose import Chooser
+from coordinator.endpoint import Candidate, Incarnation, Plan
+from coordinator.faultlog import FaultLog
+from coordinator.metrics import CoordinatorMetrics
+from coordinator.plan import why_not
+from coordinator.policies import RequestInfo
+from coordinator.proxy.continuation import Progress
+from coordinator.proxy.deliver import Delivery
+from coordinator.proxy.legs import Attempt, Legs
+from coordinator.proxy.outcome import Broken, Retry
+from coordinator.proxy.resume import on_broken
+from coordinator.table import RoutingTable
+
+log = logging.getLogger(__name__)
+
+
+class Filter:
+    """The endpoints a request's next attempt may not use: those that failed it, each tied to
+    the engine process that failed it (a new process behind the endpoint is a candidate again)."""
+
+    __slots__ = ("excluded", "failed_as")
+
+    def __init__(self) -> None:
+        self.excluded: set[str] = set()
+        self.failed_as: dict[str, Incarnation | None] = {}
+
+    def exclude(self, key: str) -> None:
+        """`key` failed this request: no candidate for it from now on."""
+        self.excluded.add(key)
+
+    def readmit(self, current: Callable[[str], Incarnation | None]) -> list[str]:
+        """Excluded endpoints that `current` now says are another process than the one that
+        failed: candidates again (the failure was the old process's, as its circuit was).
+        Returns them. An exclusion is tied to the process `current` names the first time it
+        is seen here: the loop asks before every choice, with no wait between a failure and
+        the next choice, so that is the process that failed."""
+        if not self.excluded:
+            return []
+        seen = self.failed_as
+        back = []
+        for key in list(self.excluded):
+            now = current(key)
+            if key not in seen:
+                seen[key] = now
+            elif seen[key] != now:
+                back.append(key)
+                del seen[key]
+                self.excluded.discard(key)
+        return back
+
+
+class Attempts:
+    """Runs a request's attempts over its plan; the candidates come from the chooser."""
+
+    def __init__(
+        self,
+        table: RoutingTable,
+        chooser: Chooser,
+        legs: Legs,
+        *,
+        retries: int,
+        metrics: CoordinatorMetrics | None = None,
+        faults: FaultLog | None = None,
+    ) -> None:
+        self.table = table
+        self.chooser = chooser
+        self.legs = legs
+        self.retries = retries
+        self.metrics = metrics
+        self.faults = faults
+
+    async def run(self, d: Delivery, plan: Plan) -> None:
+        """Serve the request on its plan's candidates until one answers or none is left."""
+        ask = d.ask
+        filt = Filter()
+        body, raw = ask.body, ask.raw
+        progress: Progress | None = None
+        resuming: str | None = None  # the endpoint a stream broke on, until it goes on elsewhere
+        number = 0
+        while True:
+            info = RequestInfo(ask.model, None, ask.root, body)
+            last: Retry | None = None
+            broken: Broken | None = None
+            for _ in range(self.retries + 1):
+                self.readmit(d, filt)
+                cand = self.chooser.choose(plan, info, filt.excluded)
+                if cand is None:
+                    break
+                number += 1
+                at = Attempt(self.legs, d, body, raw, number, prefill=cand.prefill, resuming=resuming)
+                try:
+                    with cand.ep.busy:
+                        await self.attempt(at, cand)
+                    return
+                except Retry as r:
+                    if r.ep is not None:
+                        filt.exclude(r.ep.key)
+                    last, resuming = r, at.resuming
+                    self.retried(r)
+                except Broken as b:
+                    broken = b
+                    filt.exclude(b.ep.key)
+                    nxt = on_broken(at, b, progress)
+                    if nxt is None:
+                        return
+                    body, raw, progress, resuming = nxt.body, nxt.raw, nxt.progress, b.ep.key
+                    d.sink, d.fold = nxt.sink, nxt.fold
+                # The next attempt weighs the candidates there are now: the plan was made when
+                # the request came, and one that came back since (a restarted union) was not in it.
+                plan = self.table.plan(ask.model, ask.route.serves)
+                if broken is not None:
+                    break  # a continuation goes on with a fresh retry budget
+            if broken is None:
+                self.fail(d, filt, last, resuming, attempts=number)
+                return
+
+    def attempt(self, at: Attempt, cand: Candidate) -> Coroutine[Any, Any, None]:
+        """One attempt on one candidate: a single hop, or the pair's adapter (the coroutine is
+        handed back, not awaited: a frame fewer on the hot path). A hedge would run this twice."""
+        if cand.prefill is None:
+            return self.legs.serve(at, cand.ep, at.raw)
+        return self._pair(at, cand)
+
+    async def _pair(self, at: Attempt, cand: Candidate) -> None:
+        """Run a P/D candidate through its protocol's adapter (refused when none speaks it)."""
+        assert cand.prefill is not None
+        adapter = adapter_for(cand.capability)
+        if adapter is None:
+            self.fail(at.d, None, None, at.resuming, f"P/D protocol {cand.capability!r} has no adapter")
+            return
+        await adapter.run(at, cand.prefill, cand.ep)
+
+    # ------------------------------------------------------------------ endings
+
+    def fail(
+        self,
+        d: Delivery,
+        filt: Filter | None,
+        last: Retry | None,
+        resuming: str | None,
+        what: str | None = None,
+        *,
+        attempts: int = 0,
+    ) -> None:
+        """Answer a request no attempt could serve (in the client's dialect)."""
+        if resuming is not None and self.faults is not None:
+            self.faults.failed(resuming)  # a stream, or a folded whole answer, not continued
+        ask = d.ask
+        if d.committed:
+            msg = last.reason if last is not None else (what or self._no_path(d, filt))
+            log.warning("stream %s ends with an error: %s", ask.root, msg)
+            d.end_with_error(msg)
+            return
+        if last is None:
+            d.send_error(503, what or self._no_path(d, filt))
+            return
+        # A request that reached engines and still failed: say why no candidate was left.
+        log.warning(
+            "request %s failed after %d attempt(s), last: %s; %s",
+            ask.tag,
+            attempts,
+            last.reason,
+            self._no_path(d, filt),
+        )
+        if last.body is not None:
+            d.relay_error(last.status, last.body)
+        else:
+            d.send_error(last.status, f"every attempt failed; last: {last.reason}")
+
+    def _no_path(self, d: Delivery, filt: Filter | None) -> str:
+        """Why no candidate is left: each known endpoint of the model and its state."""
+        ask = d.ask
+        model = f" for model {ask.model!r}" if ask.model else ""
+        why = why_not(self.table.describe(), ask.model, ask.route.serves, filt.excluded if filt else ())
+        return f"no healthy path left{model}" + (f" ({'; '.join(why)})" if why else "")
+
+    def readmit(self, d: Delivery, filt: Filter) -> None:
+        """An endpoint that failed this request earlier is READY again as a new process: the
+        request may go there (a request that outlived an engine's restart, its other
+        candidates failing meanwhile, got 502 while the restarted engine idled)."""
+        for key in filt.readmit(self.table.incarnation):
+            log.info(
+                "request %s: %s is a new process since it failed this request: a candidate again",
+                d.ask.tag,
+                key,
+            )
+            if self.metrics is not None:
+                self.metrics.readmitted.inc()
+
+    def retried(self, r: Retry) -> None:
+        """Count and log an attempt that failed before the first byte (another one follows)."""
+        log.info("retrying elsewhere: %s", r.reason)
+        if self.metrics is not None:
+            self.metrics.retries.labels(reason="timeout" if r.status == 504 else "upstream").inc()
+        if self.faults is not None and r.ep is not None:
+            self.faults.retried(r.ep.key, r.kind)
