@@ -33,6 +33,8 @@ from streams.reader import Range
 
 T = TypeVar("T")
 
+PULL_MARGIN = 0.001  # seconds a pull request expires at the server before its fetch gives up
+
 
 def _refused(exc: Refused, subject: str, expected: int | None) -> StreamsError:
     if exc.code == WRONG_LAST_SEQUENCE and expected is not None:
@@ -278,7 +280,9 @@ class MemoryDurable:
         if state.gone:
             raise ConsumerGone(f"consumer {state.name} was deleted")
         try:
-            fut = await self.log.link.call(lambda: state.pull(self.log, wait), wait)
+            # Expiring before the client stops waiting, as nats-py asks: a message handed out
+            # in between would be lost to the ack wait.
+            fut = await self.log.link.call(lambda: state.pull(self.log, max(0.0, wait - PULL_MARGIN)), wait)
         except TimeoutError:
             return []
         try:
