@@ -204,6 +204,7 @@ class CoordinatorService:
         from coordinator.feed import follow_log
         from streams.connection import connect
         from streams.definitions import ensure_streams
+        from streams.jetstream import JetStreamLog
         from streams.publisher import Publisher
 
         self._nc = await connect(self.nats, name=self.name, retry_initial=True)
@@ -212,7 +213,7 @@ class CoordinatorService:
         ctx = self.ctx = CoordinatorContext(
             settings=self.settings, publisher=Publisher(js), source=f"coordinator/{self.name}"
         )
-        self._fold = follow_log(ctx, self._nc, name=f"coordinator/{self.name}")
+        self._fold = follow_log(ctx, JetStreamLog(self._nc), name=f"coordinator/{self.name}")
         await self._fold.start()
         from coordinator.mgmt import create_mgmt_app
 

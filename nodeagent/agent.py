@@ -54,6 +54,7 @@ from nodeagent.snapshot import Snapshot
 from nodeagent.suicide import suicide_watch
 from streams.connection import NatsOptions, connect
 from streams.definitions import ensure_streams
+from streams.jetstream import JetStreamLog
 from streams.publisher import Publisher
 from streams.retry import Abandoned, until_done
 
@@ -166,7 +167,7 @@ class NodeAgent:
             await until_done("bind the command consumer", consumer.subscribe, log, stop=stop)
             stack.push_async_callback(consumer.close)
             self._observer = Observer(
-                nc, s.node_id, self._running, self._reregister, interval=s.resync_interval
+                JetStreamLog(nc), s.node_id, self._running, self._reregister, interval=s.resync_interval
             )
             await self._observer.start()
             stack.push_async_callback(self._observer.close)

@@ -23,14 +23,12 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from nats.aio.client import Client
-
 from core import subjects
 from core.reducer import apply
 from core.state import ClusterState
-from streams.consumer import js_api
 from streams.definitions import MOTOR_STREAM
 from streams.livefold import LiveFold
+from streams.log import Log
 from streams.lostlog import Loss
 from streams.reader import Record
 
@@ -86,14 +84,17 @@ class Observer:
 
     def __init__(
         self,
-        nc: Client,
+        motor: Log,
         node_id: str,
         running: Callable[[], Running],
         reregister: Callable[[str], Awaitable[None]],
         *,
         interval: float,
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.nc = nc
+        self.motor = motor
+        self.monotonic = monotonic
         self.node_id = node_id
         self.running = running
         self.reregister = reregister
@@ -101,11 +102,12 @@ class Observer:
         self.state = ClusterState()
         self.reg_seq = 0
         self.log = LiveFold(
-            nc,
+            motor,
             self._apply,
             filter_subject=subjects.ALL_EVENTS,
             on_lost=self._on_lost,
             name=f"nodeagent/{node_id} resync",
+            clock=clock,
         )
         self.caught_up = self.log.caught_up
         self._registered = -1e9  # monotonic time of our last registration
@@ -115,7 +117,7 @@ class Observer:
     def registered_at(self, seq: int) -> None:
         """Note the stream sequence of the registration just published."""
         self.reg_seq = seq
-        self._registered = time.monotonic()
+        self._registered = self.monotonic()
         self._instance_suspect = False
 
     async def start(self) -> None:
@@ -154,9 +156,8 @@ class Observer:
         """One comparison of the log with what runs here."""
         if not self.caught_up.is_set():
             return
-        info = await js_api(self.nc, f"$JS.API.STREAM.INFO.{MOTOR_STREAM}")
-        first_seq = int(info["state"]["first_seq"])
-        last_seq = int(info["state"]["last_seq"])
+        view = await self.motor.stream_info(MOTOR_STREAM)
+        first_seq, last_seq = view.first_seq, view.last_seq
         reason, instance_only = missing_reason(
             self.state,
             self.node_id,
@@ -168,7 +169,7 @@ class Observer:
         if reason is None:
             self._instance_suspect = False
             return
-        if not self.reg_seq and time.monotonic() - self._registered < self.interval:
+        if not self.reg_seq and self.monotonic() - self._registered < self.interval:
             return  # registered a moment ago, sequence unknown here: it is on its way into the fold
         if instance_only and not self._instance_suspect:
             self._instance_suspect = True  # act only if the next check still sees it

@@ -10,6 +10,7 @@ fetch that timed out an empty list.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
@@ -149,8 +150,9 @@ class JetStreamLog:
         return read_batches(self.nc, stream, span)
 
     async def close(self) -> None:
+        """Drain (bounded: a drain can hang on a dead server), then close."""
         with contextlib.suppress(Exception):
-            await self.nc.drain()
+            await asyncio.wait_for(self.nc.drain(), 5.0)
         with contextlib.suppress(Exception):
             await self.nc.close()
 

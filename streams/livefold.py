@@ -27,17 +27,15 @@ import inspect
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
 
-from nats.aio.client import Client
 from nats.errors import Error as NatsError
 
 from core.codec import decode
 from core.errors import DecodeError
-from streams.consumer import Delivery, PushConsumer, StreamMissing, StreamReplaced, js_api
 from streams.definitions import HB_STREAM, MOTOR_STREAM
 from streams.errors import StreamsError
 from streams.foldparts import FoldHealth, Lane
+from streams.log import Delivery, Log, Ordered, StreamMissing, StreamReplaced
 from streams.lostlog import Loss, LossDetector, StreamView
 from streams.poison import SkipLog, Skipped
 from streams.reader import Record
@@ -55,7 +53,7 @@ class LiveFold:
 
     def __init__(
         self,
-        nc: Client,
+        log: Log,
         apply: Apply,
         *,
         stream: str = MOTOR_STREAM,
@@ -70,7 +68,7 @@ class LiveFold:
         name: str = "fold",
         caught_up: asyncio.Event | None = None,
     ) -> None:
-        self.nc = nc
+        self.log = log
         self.apply = apply
         self.stream = stream
         self.start_seq = start_seq
@@ -131,9 +129,7 @@ class LiveFold:
     @property
     def hearing(self) -> bool:
         """Connected and every consumer delivering: silence now is the producers', not ours."""
-        return bool(self.nc.is_connected) and all(
-            x.delivering for x in (self._motor, self._hb) if x is not None
-        )
+        return self.log.connected and all(x.delivering for x in (self._motor, self._hb) if x is not None)
 
     def health(self) -> FoldHealth:
         """A snapshot of connection, position, lag, skips, resets and lost-log restarts."""
@@ -141,7 +137,7 @@ class LiveFold:
         view = self.last_view
         last = view.last_seq if view is not None else 0
         return FoldHealth(
-            connected=bool(self.nc.is_connected),
+            connected=self.log.connected,
             following=self.hearing,
             caught_up=self.caught_up.is_set(),
             position=self.position,
@@ -199,14 +195,13 @@ class LiveFold:
             await asyncio.sleep(delay)
             delay = min(delay * 2, RETRY_MAX)
 
-    def _consumer(self, lane: Lane) -> PushConsumer:
+    def _consumer(self, lane: Lane) -> Ordered:
         if lane is self._motor:
             start = self.position + 1 if self.position else self.start_seq
             filt = self.filter_subject
         else:
             start, filt = None, None  # heartbeats: the latest per node is all there is
-        pc = PushConsumer(
-            self.nc,
+        pc = self.log.ordered(
             lane.stream,
             start_seq=start,
             filter_subject=filt,
@@ -216,13 +211,13 @@ class LiveFold:
         pc.on_start = lambda pending: self._started(lane, pc)
         return pc
 
-    def _started(self, lane: Lane, pc: PushConsumer) -> None:
+    def _started(self, lane: Lane, pc: Ordered) -> None:
         # `after_reconnect`: delivery works again, so silence is measured from now on.
         lane.away = False
         lane.consumer = pc
         self.hearing_since = self.clock()
 
-    async def _close_consumer(self, lane: Lane, pc: PushConsumer) -> None:
+    async def _close_consumer(self, lane: Lane, pc: Ordered) -> None:
         lane.resets += pc.resets
         pc.resets = 0
         if lane.consumer is pc:
@@ -290,7 +285,7 @@ class LiveFold:
     async def _watch(self) -> None:
         tick = 0
         while not self._closed:
-            if not self.nc.is_connected:  # a request now would only queue in the client
+            if not self.log.connected:  # a request now would only queue in the client
                 await asyncio.sleep(self.check_interval)
                 continue
             try:
@@ -306,9 +301,9 @@ class LiveFold:
             tick += 1
             await asyncio.sleep(self.check_interval)
 
-    async def _info(self, stream: str) -> dict[str, Any] | None:
+    async def _info(self, stream: str) -> StreamView | None:
         try:
-            return await js_api(self.nc, f"$JS.API.STREAM.INFO.{stream}")
+            return await self.log.stream_info(stream)
         except StreamMissing:
             return None
 
@@ -317,14 +312,13 @@ class LiveFold:
         # The position before the question: an event folded while the answer travels is newer
         # than the server's view, and must not read as a rewound log.
         folded = self.position
-        info = await self._info(lane.stream)
-        if info is None:
+        view = await self._info(lane.stream)
+        if view is None:
             if not lane.missing:
                 log.warning("%s: stream %s is missing; waiting for it", self.name, lane.stream)
             lane.missing = True
             return
         lane.missing = False
-        view = StreamView.from_info(info)
         self.last_view = view
         if lane.created is None:
             lane.created = view.created
@@ -336,10 +330,10 @@ class LiveFold:
             lane.back.set()
 
     async def _check_hb(self, lane: Lane) -> None:
-        info = await self._info(lane.stream)
-        if info is None:
+        view = await self._info(lane.stream)
+        if view is None:
             return
-        created = str(info.get("created", ""))
+        created = view.created
         if lane.created is None:
             lane.created = created
         elif created != lane.created:
