@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -107,9 +107,10 @@ class FaultReporter:
 
     settings: AgentSettings
     engines: Engines
-    session: aiohttp.ClientSession
+    fault_status: Callable[[str, float], Awaitable[str | None]]  # EngineHost.fault_status
     post: Callable[[EventBase], object]
     metrics: AgentMetrics
+    clock: Callable[[], float] = time.time
     trackers: dict[tuple[int, int], FaultTracker] = field(default_factory=dict)
 
     async def run(self) -> None:
@@ -128,7 +129,7 @@ class FaultReporter:
                 continue
             # One tracker per engine incarnation: a restarted engine starts with a clean slate.
             tracker = self.trackers.setdefault((ep.spec.id, ep.proc.pid), FaultTracker(ft.max_poll_failures))
-            status = await poll(self.session, ep.url("/fault_tolerance/status"), ft.poll_timeout)
+            status = await self.fault_status(ep.url("/fault_tolerance/status"), ft.poll_timeout)
             for action, code in tracker.observe(status):
                 self._emit(action, code, ep.spec.id, ep.proc.pid)
 
@@ -138,7 +139,7 @@ class FaultReporter:
         fault_id = derive_id("fault", node, endpoint_id, pid, code)
         if action == "clear":
             cleared = FaultClearedData(fault_id=fault_id, node_id=node, reason="engine reports healthy")
-            self.post(FaultCleared(id=new_id(), ts=time.time(), source=source, data=cleared))
+            self.post(FaultCleared(id=new_id(), ts=self.clock(), source=source, data=cleared))
             return
         self.metrics.faults.labels(node, code).inc()
         data = FaultReportedData(
@@ -150,4 +151,4 @@ class FaultReporter:
             instance_id=self.engines.instance_id,
             endpoint_id=endpoint_id,
         )
-        self.post(FaultReported(id=new_id(), ts=time.time(), source=source, data=data))
+        self.post(FaultReported(id=new_id(), ts=self.clock(), source=source, data=data))
