@@ -154,14 +154,14 @@ class MemoryOrdered:
     def _attach(self, s: MemStream) -> None:
         self._detach()
         self._stream = s
-        s.listeners.add(self._wake)
+        s.listeners[self._wake] = None
         self.log.link.listen(self._wake)
         self.delivering = True
 
     def _detach(self) -> None:
         self.delivering = False
         if self._stream is not None:
-            self._stream.listeners.discard(self._wake)
+            self._stream.listeners.pop(self._wake, None)
             self._stream = None
         self.log.link.unlisten(self._wake)
 

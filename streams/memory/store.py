@@ -86,7 +86,9 @@ class MemStream:
         self._msgs: dict[int, Stored] = {}
         self._by_subject: dict[str, collections.deque[int]] = {}
         self._dedupe: collections.OrderedDict[str, tuple[int, float]] = collections.OrderedDict()
-        self.listeners: set[asyncio.Event] = set()  # woken when a message lands or the stream goes
+        # Woken when a message lands or the stream goes; a dict, so they wake in the order they
+        # began to listen (a set would wake them in memory order, and runs would not repeat).
+        self.listeners: dict[asyncio.Event, None] = {}
 
     def configure(self, config: StreamConfig) -> None:
         """Apply (new) settings."""
@@ -271,5 +273,5 @@ class MemStream:
         self._wake()
 
     def _wake(self) -> None:
-        for ev in self.listeners:
+        for ev in list(self.listeners):
             ev.set()

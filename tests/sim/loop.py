@@ -42,7 +42,6 @@ class Proc:
     deferred: list[
         tuple[list[asyncio.Handle], Callable[..., object], tuple[Any, ...], contextvars.Context]
     ] = field(default_factory=list)
-    tasks: set[asyncio.Task[Any]] = field(default_factory=set)
 
 
 PROC: contextvars.ContextVar[Proc | None] = contextvars.ContextVar("sim_proc", default=None)
@@ -147,7 +146,6 @@ class SimLoop(asyncio.SelectorEventLoop):
         ctx = contextvars.copy_context()
         ctx.run(PROC.set, proc)
         task = self.create_task(coro, name=name or proc.name, context=ctx)
-        proc.tasks.add(task)
         return task
 
     def freeze(self, proc: Proc) -> None:

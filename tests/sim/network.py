@@ -70,7 +70,7 @@ class SimLink:
         self.slow = 1.0  # latency factor
         self.loss = 0.0  # chance a request or an answer is lost on the way
         self.held: list[Request] = []
-        self._listeners: set[asyncio.Event] = set()
+        self._listeners: dict[asyncio.Event, None] = {}  # in order (a set: memory order)
         self.sent = 0
 
     @property
@@ -92,7 +92,7 @@ class SimLink:
             held, self.held = self.held, []
             for req in held:
                 self._travel(req)
-        for ev in self._listeners:
+        for ev in list(self._listeners):
             ev.set()
 
     # ------------------------------------------------------------------ Link
@@ -157,7 +157,7 @@ class SimLink:
         return self.up and not self._lost()
 
     def listen(self, ev: asyncio.Event) -> None:
-        self._listeners.add(ev)
+        self._listeners[ev] = None
 
     def unlisten(self, ev: asyncio.Event) -> None:
-        self._listeners.discard(ev)
+        self._listeners.pop(ev, None)
