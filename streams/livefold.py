@@ -86,7 +86,9 @@ class LiveFold:
         # Whether the fold has ever caught up: a caller serving from what it folded keeps
         # serving across a lost log, while `caught_up` is clear again.
         self.caught_up_once = False
-        self.position = 0
+        # A fold started after a checkpoint has handled what the checkpoint holds: a takeover's
+        # `wait_for(last_seq)` must not wait for an event a quiet log never appends.
+        self.position = start_seq - 1 if start_seq else 0
         self.hearing_since = 0.0
         self.lost = 0
         self.last_view: StreamView | None = None
