@@ -120,7 +120,10 @@ def verify_agrees(world: World) -> Check:
             f"{len(report.mismatches)} differ: " + "; ".join(x.render() for x in report.mismatches[:2]),
         )
     return Check(
-        name, True, f"{report.verified} reproduced, {report.unverifiable} on heartbeats, of {report.checked}"
+        name,
+        True,
+        f"{report.verified} reproduced ({report.late} on the fold before a concurrent fact), "
+        f"{report.unverifiable} on heartbeats, of {report.checked}",
     )
 
 
