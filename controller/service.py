@@ -265,8 +265,8 @@ class ControllerService:
                     await changed.wait()
             changed.clear()
             self._observe()
-            if not self.caught_up.is_set() or not lead.may_write():
-                continue
+            if not self.caught_up.is_set() or not lead.may_write() or not livefold.checked:
+                continue  # (not checked: the fold may hold a fact a lost tail took; asked first)
             if livefold.position < appender.awaited:
                 continue  # our own appends are not folded yet: deciding now would repeat them
             if await lead.outrank():

@@ -46,6 +46,7 @@ class Lane:
         self.consumer: Ordered | None = None
         self.task: asyncio.Task[None] | None = None
         self.resets = 0  # of consumers already closed
+        self.reconnects = 0  # the connection's reconnects when its consumer was last made
 
     @property
     def delivering(self) -> bool:

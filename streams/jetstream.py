@@ -11,6 +11,7 @@ fetch that timed out an empty list.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
@@ -36,12 +37,13 @@ from streams.cancelling import honour_swallowed_cancel
 from streams.consumer import PushConsumer, js_api
 from streams.definitions import ensure_streams
 from streams.errors import StreamsError
-from streams.log import API_TIMEOUT, BucketMissing, Delivery, KVEntry, Message, WrongRevision
-from streams.lostlog import StreamView
+from streams.log import API_TIMEOUT, BucketMissing, Delivery, KVEntry, Message, StreamMissing, WrongRevision
+from streams.lostlog import StreamView, parse_time_ns
 from streams.publisher import WRONG_LAST_SEQUENCE, Publisher
 from streams.reader import Range, read_batches
 
 JS_INFO = "$JS.API.INFO"  # the cheapest question JetStream answers
+NO_MESSAGE = "no message found"  # STREAM.MSG.GET's answer for a sequence the stream does not hold
 
 
 def _failed(what: str, exc: BaseException) -> StreamsError:
@@ -63,6 +65,10 @@ class JetStreamLog:
     @property
     def connected(self) -> bool:
         return bool(self.nc.is_connected)
+
+    @property
+    def reconnects(self) -> int:
+        return int(self.nc.stats.get("reconnects", 0))
 
     async def answers(self, within: float) -> bool:
         # A request, not `nc.flush()`: nats-py leaves a flush that timed out in its PONG queue,
@@ -91,6 +97,19 @@ class JetStreamLog:
         except (NatsError, TimeoutError) as exc:
             raise _failed(f"last message of {subject}", exc) from exc
         return int(msg.seq or 0)
+
+    async def message(self, stream: str, seq: int) -> Delivery | None:
+        try:
+            resp = await js_api(self.nc, f"$JS.API.STREAM.MSG.GET.{stream}", {"seq": seq})
+        except StreamsError as exc:
+            if isinstance(exc, StreamMissing) or NO_MESSAGE not in str(exc):
+                raise
+            return None
+        m = resp.get("message") or {}
+        ts = parse_time_ns(m.get("time"))
+        return Delivery(
+            int(m.get("seq", seq)), 0, ts, str(m.get("subject", "")), base64.b64decode(m.get("data") or b"")
+        )
 
     def publisher(self, *, ack_timeout: float = 5.0) -> Publisher:
         return Publisher(self.js, ack_timeout=ack_timeout)

@@ -197,6 +197,12 @@ class Log(Protocol):
         """Connected to the server (requests now are not merely queued)."""
         ...
 
+    @property
+    def reconnects(self) -> int:
+        """Times the connection was made again (after one a server may have restarted, and
+        taken every ordered consumer with it)."""
+        ...
+
     async def answers(self, within: float) -> bool:
         """Whether the server answers a question within `within` seconds."""
         ...
@@ -213,6 +219,10 @@ class Log(Protocol):
 
     async def last_subject_seq(self, stream: str, subject: str) -> int:
         """Sequence of the last message on `subject` (0: none)."""
+        ...
+
+    async def message(self, stream: str, seq: int) -> Delivery | None:
+        """The message the stream holds at `seq` (None: none there); its `pending` is 0."""
         ...
 
     def publisher(self, *, ack_timeout: float = 5.0) -> Appends:

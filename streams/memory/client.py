@@ -23,7 +23,7 @@ from streams.definitions import LEASE_TTL
 from streams.errors import PublishFailed, PublishTimeout, SequenceConflict, StreamsError
 from streams.log import API_TIMEOUT, Delivery, KVEntry, Message
 from streams.lostlog import StreamView
-from streams.memory.durables import ConsumerGone, DurableState
+from streams.memory.durables import GONE, ConsumerGone, DurableState
 from streams.memory.link import DirectLink, Link
 from streams.memory.ordered import MemoryOrdered
 from streams.memory.server import MemoryServer
@@ -64,6 +64,10 @@ class MemoryLog:
     def connected(self) -> bool:
         return self.link.up and not self.closed
 
+    @property
+    def reconnects(self) -> int:
+        return self.link.reconnects
+
     async def answers(self, within: float) -> bool:
         try:
             await self.ask(lambda: None, within, "ping")
@@ -87,6 +91,13 @@ class MemoryLog:
         return await self.ask(
             lambda: self.server.last_subject_seq(stream, subject), API_TIMEOUT, f"last message of {subject}"
         )
+
+    async def message(self, stream: str, seq: int) -> Delivery | None:
+        def get() -> Delivery | None:
+            m = self.server.stream(stream).get(seq)
+            return None if m is None else Delivery(m.seq, 0, int(m.ts * 1e9), m.subject, m.data)
+
+        return await self.ask(get, API_TIMEOUT, f"message {seq} of {stream}")
 
     def publisher(self, *, ack_timeout: float = 5.0) -> MemoryPublisher:
         return MemoryPublisher(self, ack_timeout)
@@ -291,6 +302,8 @@ class MemoryDurable:
         except TimeoutError:
             state.cancel(fut)
             return []  # handed out as we gave up: lost, so it goes again after the ack wait
+        if (seq, delivered) == GONE:
+            raise ConsumerGone(f"consumer {state.name} was deleted")
         if not await self.log.link.arrive():
             return []  # lost on the way: delivered again after the ack wait
         m = state.stream.get(seq)

@@ -23,6 +23,9 @@ class ConsumerGone(StreamsError):
     """The durable consumer no longer exists (its stream was deleted)."""
 
 
+GONE = (0, 0)  # what a pull request gets when its consumer is deleted under it
+
+
 @dataclass(slots=True)
 class Outstanding:
     """A message delivered and not yet acked, nor termed."""
@@ -188,5 +191,5 @@ class DurableState:
                 o.timer.cancel()
         for p in self.pulls:
             if not p.fut.done():
-                p.fut.set_exception(ConsumerGone(f"consumer {self.name} was deleted"))
+                p.fut.set_result(GONE)  # not an exception: its fetch may have stopped waiting
         self.pulls.clear()

@@ -24,6 +24,11 @@ class Link(Protocol):
         """Connected now."""
         ...
 
+    @property
+    def reconnects(self) -> int:
+        """Times it came up again after being down."""
+        ...
+
     async def call(self, op: Callable[[], T], within: float) -> T:
         """Run `op` at the server and return (or raise) what it did; TimeoutError when no answer
         came back within `within` seconds (`op` may have run all the same)."""
@@ -48,6 +53,7 @@ class DirectLink:
     """Always up, no delay beyond one turn of the event loop."""
 
     up = True
+    reconnects = 0
 
     async def call(self, op: Callable[[], T], within: float) -> T:
         await asyncio.sleep(0)

@@ -5,7 +5,8 @@ consumer does when the connection goes is kept too, because `LiveFold` leans on 
 down for three idle heartbeats, or messages published while it was down (JetStream pushed
 them into a dead connection: a gap), makes the consumer start again after the last message it
 handed out, retrying every 0.1 s doubling to 2 s until the server answers; `on_start` says so
-each time. A stream deleted under it is `StreamMissing` at the restart, one created again since
+each time. A server restart takes the consumer with it (memory storage, as Motor's folds
+ask): nothing more is delivered, and three idle heartbeats later the client starts again. A stream deleted under it is `StreamMissing` at the restart, one created again since
 reading began (`expect_created`) `StreamReplaced`.
 """
 
@@ -55,6 +56,7 @@ class MemoryOrdered:
         self.resets = 0
         self.delivering = False
         self._cursor = 0  # the last sequence not wanted (handed out, or before the start)
+        self._epoch = -1  # the server's restarts when this consumer was made
         self._stream: MemStream | None = None
         self._wake = asyncio.Event()
         self._closed = False
@@ -79,6 +81,7 @@ class MemoryOrdered:
             return s, cursor, s.count_after(cursor, filt)
 
         s, self._cursor, pending = await self.log.ask(begin, API_TIMEOUT, f"consumer on {self.stream}")
+        self._epoch = server.epoch
         self._attach(s)
         if self.on_start is not None:
             self.on_start(pending)
@@ -90,6 +93,12 @@ class MemoryOrdered:
             s = self._stream
             if s is None or s.deleted:
                 await self._reset("no consumer" if s is None else "consumer deleted")
+                continue
+            if self._epoch != self.log.server.epoch:
+                # The server restarted: this consumer is gone with it, nothing is delivered,
+                # and the client notices when three idle heartbeats have not come.
+                await asyncio.sleep(3 * self.idle_heartbeat)
+                await self._reset("no heartbeat (the server restarted)")
                 continue
             if not link.up:
                 before = s.last_seq

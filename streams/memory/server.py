@@ -36,6 +36,7 @@ class MemoryServer:
         self.streams: dict[str, MemStream] = {}
         self.durables: dict[tuple[str, str], DurableState] = {}
         self._incarnations = 0
+        self.epoch = 0  # restarts of the server process: ordered consumers do not survive one
 
     # ------------------------------------------------------------------ streams
 
@@ -227,6 +228,11 @@ class MemoryServer:
             if sname == name:
                 d.clamp()
         return lost
+
+    def restart(self) -> None:
+        """The server process restarts: streams and durable consumers are kept (file storage),
+        ordered consumers are not (memory storage): their clients find out when heartbeats stop."""
+        self.epoch += 1
 
     def inject(self, subject: str, data: bytes) -> int:
         """Append raw bytes, no headers: what a rogue or broken client can do."""

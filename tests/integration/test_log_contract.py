@@ -169,3 +169,27 @@ async def test_a_range_reads_from_a_sequence_up_to_one_on_a_filter(backend: Back
     assert [s for s, _, _ in only] == [
         i + 1 for i, e in enumerate(events) if subjects.for_event(e) == subjects.endpoint("n1")
     ]
+
+
+async def test_the_message_at_a_sequence_is_the_one_stored_there(backend: Backend) -> None:
+    """What a fold checks after its consumer was made again: is its last message still there?"""
+    pub = backend.log.publisher()
+    events = mixed(3)
+    for ev in events:
+        await pub.publish(ev)
+    got = [d async for batch in backend.log.read(MOTOR_STREAM, Range()) for d in batch]
+    stored = await backend.log.message(MOTOR_STREAM, 2)
+    assert stored is not None
+    assert (stored.seq, stored.subject, stored.data, stored.ts_ns) == (
+        2,
+        got[1].subject,
+        got[1].data,
+        got[1].ts_ns,
+    )
+    assert await backend.log.message(MOTOR_STREAM, 9) is None
+    await backend.recreate(MOTOR_STREAM)
+    assert await backend.log.message(MOTOR_STREAM, 2) is None
+
+
+async def test_a_new_connection_has_not_reconnected(backend: Backend) -> None:
+    assert backend.log.reconnects == 0

@@ -246,6 +246,8 @@ def _lease_expiry(world: World, f: Fault) -> None:
 
 
 def _log_outage(world: World, f: Fault) -> None:
+    if f.param < 0.5:  # the server process restarted (else: the network to it was down)
+        world.server.restart()
     world.net.set_outage(True)
     _later(world, f.lasts, lambda: world.net.set_outage(False))
 
@@ -267,6 +269,7 @@ def _poison(world: World, f: Fault) -> None:
 def _lost_tail(world: World, f: Fault) -> None:
     count = 1 + int(f.param * 10)
     world.net.set_outage(True)  # the server restarts
+    world.server.restart()
     lost = world.server.rewind(MOTOR_STREAM, count)
     world.note(f"MOTOR lost its tail: seqs {lost[:1]}..{lost[-1:]}")
     world.log_lost()

@@ -72,6 +72,8 @@ class SimLink:
         self.held: list[Request] = []
         self._listeners: dict[asyncio.Event, None] = {}  # in order (a set: memory order)
         self.sent = 0
+        self.reconnects = 0
+        self._was_up = True
 
     @property
     def up(self) -> bool:
@@ -88,6 +90,9 @@ class SimLink:
         self.changed()
 
     def changed(self) -> None:
+        if self.up and not self._was_up:
+            self.reconnects += 1
+        self._was_up = self.up
         if self.up and self.held:
             held, self.held = self.held, []
             for req in held:
