@@ -163,6 +163,13 @@ class CommandHandler:
         if prior is not None:
             log.info("command %s already %s; answering again, doing nothing", d.command_id, prior)
             await self.send(answer(self.node_id, self.source, cmd, prior, ts=self.clock()))
+            if prior == "applied" and isinstance(cmd, StartCommand):
+                # Sent again, perhaps because the log lost what followed it (a lost tail took the
+                # answer and the READY, or the start and the death of the engine it made): whoever
+                # sent it judges from the log, so the log must hold what its endpoints are now
+                # (found by the simulator, tests/sim, seeds 353 and 389).
+                ids = tuple(e.id for e in cmd.data.endpoints)
+                self.engines.report(ids, cmd.data.instance_id, f"as of start {d.command_id}, answered again")
             return
         outcome: Outcome = "applied"
         try:

@@ -151,6 +151,22 @@ class Engines:
                 out.append(ep.spec.id)
         return out
 
+    def report(self, endpoint_ids: tuple[int, ...], instance_id: int, reason: str) -> None:
+        """Say again what each of these endpoints of `instance_id` is: its status while it runs
+        or lies dead, STOPPED once it no longer runs here. For a start answered from memory:
+        the log may have lost what followed it, and its sender judges from the log."""
+        for i in endpoint_ids:
+            ep = self.endpoints.get(i)
+            if ep is not None:
+                if ep.status is not None and not ep.stopping and self.instance_id == instance_id:
+                    self.on_change(
+                        StatusChange(
+                            i, self.instance_id, ep.status, ep.status, reason, ep.exit_code, ep.proc.pid
+                        )
+                    )
+            elif self.instance_id in (None, instance_id):
+                self.on_change(StatusChange(i, instance_id, EndpointStatus.STOPPED, None, reason))
+
     # ------------------------------------------------------------------ start
 
     def launch_spec(self, cmd: StartCommandData, ep: EndpointSpec) -> LaunchSpec:
