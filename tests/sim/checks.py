@@ -131,18 +131,21 @@ def folds_caught_up(world: World) -> Check:
     """Every running process folded MOTOR to its end (poison skipped, nothing stalled)."""
     name = "5 folding continues"
     s = world.server.streams.get(MOTOR_STREAM)
-    last = s.last_seq if s is not None else 0
     behind, skipped = [], 0
+    last = s.last_seq if s is not None else 0
     for p in world.processes():
         fold = p.fold()
-        if not p.running or fold is None:
+        if not p.running or fold is None or s is None:
             continue
         skipped += sum(fold.skipped.values())
-        if fold.position < last:
-            behind.append(f"{p.name} at seq {fold.position}")
+        mine = [m.seq for m in s.after(fold.position, fold.filter_subject)]  # what it has yet to fold
+        if mine:
+            behind.append(f"{p.name} at seq {fold.position} (its last is {mine[-1]})")
     if behind:
         return Check(name, False, f"MOTOR ends at seq {last}; behind: {', '.join(behind)}")
-    return Check(name, True, f"every fold at seq {last}; {skipped} poison event(s) skipped on the way")
+    return Check(
+        name, True, f"every fold at the end of MOTOR (seq {last}); {skipped} poison event(s) skipped"
+    )
 
 
 def nothing_failed_on_a_bug(records: Sequence[logging.LogRecord]) -> Check:
@@ -154,3 +157,44 @@ def nothing_failed_on_a_bug(records: Sequence[logging.LogRecord]) -> Check:
         exc = r.exc_info[1] if r.exc_info else None
         return Check(name, False, f"{len(bugs)} failure(s), first: {r.name}: {r.getMessage()}: {exc!r}")
     return Check(name, True, "no loop or part failed")
+
+
+def routes_only_routable(world: World) -> Check:
+    """Every route the coordinator chose named only endpoints its table holds routable and
+    whose circuit was not open (a lone probe of a half-open one aside)."""
+    name = "13 routing picks only routable endpoints"
+    reqs = world.coordinator.routing.requests
+    bad = [r for r in reqs if r.unroutable]
+    if bad:
+        r = bad[0]
+        return Check(
+            name,
+            False,
+            f"{len(bad)} of {len(reqs)} routes named excluded endpoints, first at {r.at:.1f}s: {r.unroutable}",
+        )
+    unrouted = sum(1 for r in reqs if not r.keys)
+    unanswered = sum(1 for r in reqs if r.keys and not r.ok)
+    return Check(
+        name,
+        True,
+        f"{len(reqs) - unrouted} routed, {unrouted} found no path; {unanswered} met an engine that did not "
+        "answer (before the log or the breaker knew)",
+    )
+
+
+def routing_resumes(world: World, since: float) -> Check:
+    """Once the cluster is whole again, every request is routed and answered."""
+    name = "2 routing resumes"
+    tail = [r for r in world.coordinator.routing.requests if r.at >= since]
+    bad = [r for r in tail if not r.ok]
+    if not tail:
+        return Check(name, False, f"no request was routed after {since:.1f}s")
+    if bad:
+        r = bad[0]
+        what = f"to {', '.join(r.keys)} unanswered" if r.keys else "no route"
+        return Check(
+            name,
+            False,
+            f"{len(bad)} of {len(tail)} requests failed after the cluster was whole (first at {r.at:.1f}s: {what})",
+        )
+    return Check(name, True, f"{len(tail)} requests after the cluster was whole, all answered")

@@ -146,36 +146,39 @@ class Machine:
         port = int(url.split("://", 1)[1].split("/", 1)[0].rsplit(":", 1)[1])
         return self.by_port(port)
 
+    async def _answers(self, e: Engine, within: float) -> bool:
+        """Wait for a (possibly hung) engine to answer; False when it did not within `within`."""
+        await asyncio.sleep(HTTP_RTT)
+        if e.hung:
+            loop = asyncio.get_running_loop()
+            await asyncio.sleep(min(within, e.hung_until - loop.time()))
+            return not e.hung and e.alive
+        return e.alive
+
     async def health(self, url: str, cfg: HealthCheckConfig) -> tuple[bool, str]:
         e = self._engine(url)
-        await asyncio.sleep(HTTP_RTT)
         if e is None:
+            await asyncio.sleep(HTTP_RTT)
             return False, "connection failed (Connection refused)"
-        if e.hung:
-            await asyncio.sleep(cfg.timeout * cfg.retry_attempts)
+        for _ in range(cfg.retry_attempts):  # only a timeout earns another attempt (seed 002)
+            if await self._answers(e, cfg.timeout):
+                break
+            if not e.alive:
+                return False, "connection failed (Connection refused)"
+        else:
             return False, f"timed out {cfg.retry_attempts} times ({cfg.timeout:g}s each)"
-        if not e.alive:
-            return False, "connection failed (Connection refused)"
         if asyncio.get_running_loop().time() < e.ready_at:
             return False, "HTTP 503"
         return True, ""
 
     async def load(self, url: str, within: float) -> Load | None:
         e = self._engine(url)
-        await asyncio.sleep(HTTP_RTT)
-        if e is None or not e.alive:
-            return None
-        if e.hung:
-            await asyncio.sleep(within)
+        if e is None or not await self._answers(e, within):
             return None
         return Load(running=e.running, waiting=0, kv_usage=min(1.0, e.running / 64))
 
     async def fault_status(self, url: str, within: float) -> str | None:
         e = self._engine(url)
-        await asyncio.sleep(HTTP_RTT)
-        if e is None or not e.alive:
-            return None
-        if e.hung:
-            await asyncio.sleep(within)
+        if e is None or not await self._answers(e, within):
             return None
         return "healthy"

@@ -22,6 +22,7 @@ from core.state import ClusterState
 from streams.definitions import MOTOR_STREAM
 from streams.memory import MemoryServer
 from streams.memory.store import Stored
+from tests.sim.coordinator import SimCoordinator
 from tests.sim.loop import SimLoop
 from tests.sim.network import Network
 from tests.sim.procs import SimAgent, SimController, SimProcess
@@ -93,6 +94,7 @@ class World:
                 n += 1
                 node_id = f"{role.value}-{i}"
                 self.nodes[node_id] = SimAgent(self, node_id, role, f"10.0.0.{n}")
+        self.coordinator = SimCoordinator(self)
         self.truth = TruthFold(self.server)
         self.silences: dict[str, list[tuple[float, float]]] = {}  # process -> (from, to), loop time
         self.poisoned = 0
@@ -121,6 +123,7 @@ class World:
     def processes(self) -> Iterator[SimProcess]:
         yield from self.controllers.values()
         yield from self.nodes.values()
+        yield self.coordinator
 
     def start(self) -> None:
         self.server.ensure_streams(self.cfg.nats, lease_ttl=self.cfg.controller.lease_ttl)
@@ -142,29 +145,31 @@ class World:
         return e is not None and e.serving
 
     def converged(self) -> list[str]:
-        """What is missing for every role to have an ACTIVE instance whose endpoints the log
-        says are READY and whose engines really answer ([] when nothing is)."""
+        """What is missing for every instance of the log (but the terminated) to be ACTIVE with
+        its endpoints READY and its engines really answering, and for every role to have as many
+        as the config asks ([] when nothing is)."""
         state = self.truth.current()
         missing = []
         for role in ROLES:
-            if self.cfg.section(role) is None:
+            section = self.cfg.section(role)
+            if section is None:
                 continue
-            ok = False
-            seen = []
+            live, seen = 0, []
             for iid, inst in sorted(state.instances.items()):
-                if inst.spec.role != role:
+                if inst.spec.role != role or inst.state == InstanceState.TERMINATED:
                     continue
-                seen.append(f"{iid} {inst.state.value}")
-                if inst.state != InstanceState.ACTIVE:
-                    continue
-                ok = all(
+                whole = inst.state == InstanceState.ACTIVE and all(
                     self._member_serving(state, m.node_id, [e.business_port for e in m.endpoints])
                     for m in inst.spec.members
                 )
-                if ok:
-                    break
-            if not ok:
-                missing.append(f"{role.value}: {', '.join(seen) or 'no instance'}")
+                live += whole
+                if not whole:
+                    seen.append(f"{iid} {inst.state.value}")
+            if seen or live < section.instances:
+                missing.append(
+                    f"{role.value}: {live} of {section.instances} whole"
+                    + (f"; {', '.join(seen)}" if seen else "")
+                )
         return missing
 
     def _member_serving(self, state: ClusterState, node_id: str, ports: list[int]) -> bool:
