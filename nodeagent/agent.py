@@ -223,7 +223,9 @@ class NodeAgent:
                 monotonic=self.monotonic,
             )
             if s.config.nodeagent.suicide_threshold:
-                heartbeats.on_beat = suicide_watch(s, self.engines, self.outbox.post, self.metrics).on_beat
+                heartbeats.on_beat = suicide_watch(
+                    s, self.engines, self.outbox.post, self.metrics, clock=self.clock
+                ).on_beat
             parts: dict[str, Part] = {
                 "commands": consumer.run,
                 "heartbeats": heartbeats.run,

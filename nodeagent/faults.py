@@ -132,13 +132,26 @@ class FaultReporter:
             status = await self.fault_status(ep.url("/fault_tolerance/status"), ft.poll_timeout)
             for action, code in tracker.observe(status):
                 self._emit(action, code, ep.spec.id, ep.proc.pid)
+        self.on_engine_gone()
 
-    def _emit(self, action: str, code: str, endpoint_id: int, pid: int) -> None:
+    def on_engine_gone(self) -> None:
+        """Clear what was reported of engines that no longer run (stopped, dead, replaced): a
+        fault of a process that is gone would keep the node out of assembly for good, as the
+        suicide watch's would (found by the simulator, tests/sim, seed 1217)."""
+        live = {(ep.spec.id, ep.proc.pid) for ep in self.engines.endpoints.values() if ep.live}
+        for key in [k for k in self.trackers if k not in live]:
+            tracker = self.trackers.pop(key)
+            if tracker.reported is not None:
+                self._emit("clear", tracker.reported, *key, reason="the engine is gone: its fault with it")
+
+    def _emit(
+        self, action: str, code: str, endpoint_id: int, pid: int, reason: str = "engine reports healthy"
+    ) -> None:
         node = self.settings.node_id
         source = f"nodeagent/{node}"
         fault_id = derive_id("fault", node, endpoint_id, pid, code)
         if action == "clear":
-            cleared = FaultClearedData(fault_id=fault_id, node_id=node, reason="engine reports healthy")
+            cleared = FaultClearedData(fault_id=fault_id, node_id=node, reason=reason)
             self.post(FaultCleared(id=new_id(), ts=self.clock(), source=source, data=cleared))
             return
         self.metrics.faults.labels(node, code).inc()
