@@ -174,11 +174,12 @@ def routes_only_routable(world: World) -> Check:
         )
     unrouted = sum(1 for r in reqs if not r.keys)
     unanswered = sum(1 for r in reqs if r.keys and not r.ok)
+    retried = sum(r.retried for r in reqs)
     return Check(
         name,
         True,
-        f"{len(reqs) - unrouted} routed, {unrouted} found no path; {unanswered} met an engine that did not "
-        "answer (before the log or the breaker knew)",
+        f"{len(reqs) - unrouted} routed, {unrouted} found no path, {unanswered} unanswered; {retried} attempt(s) "
+        "met an engine that did not answer (before the log or the breaker knew) and went elsewhere",
     )
 
 

@@ -35,9 +35,10 @@ class Routed:
     """One simulated request: when, where it went, and whether the engines answered."""
 
     at: float  # loop time
-    keys: tuple[str, ...]  # the endpoints of its route, the client-facing one first ("" : no route)
+    keys: tuple[str, ...]  # the endpoints of its last route, the client-facing one first (none: no route)
     ok: bool
     unroutable: tuple[str, ...] = ()  # chosen although the table or its breaker excluded them
+    retried: int = 0  # attempts that failed before the last
 
 
 @dataclass
@@ -104,25 +105,39 @@ class SimCoordinator(SimProcess):
             self.request(self.models[n % len(self.models)], n, rng.randbytes(8))
 
     def request(self, model: str, n: int, prefix: bytes) -> None:
-        """Route one request and play it against the engines the route names."""
+        """Route one request and play it against the engines its route names; a failed attempt
+        is tried again on another path, the endpoint that failed it excluded, `retries` times
+        (as `coordinator/proxy/flows.py` does)."""
         assert self.ctx is not None and self.router is not None and self.breakers is not None
         table, breakers = self.ctx.table, self.breakers
         now = self.world.loop.time()
-        route = self.router.choose(model, RequestInfo(model, prefix, f"sim-{n}"))
-        if route is None:
-            self.routing.requests.append(Routed(now, (), False))
-            return
-        legs: list[Endpoint] = [route.ep] + ([route.prefill] if route.prefill is not None else [])
-        routable = {e.key for e in table.routable()}
-        excluded = tuple(e.key for e in legs if e.key not in routable or breakers.is_open(e.key))
-        ok = True
-        for ep in reversed(legs):  # the prefill leg first, as the adapters run it
-            breakers.on_attempt(ep.key)
-            node_id = ep.key.rpartition("/")[0]
-            if self.world.serving(node_id, ep.port):
-                breakers.success(ep.key)
-            else:
-                breakers.failure(ep.key, "the engine did not answer")
-                ok = False
+        info = RequestInfo(model, prefix, f"sim-{n}")
+        failed: list[str] = []
+        keys: tuple[str, ...] = ()
+        excluded: tuple[str, ...] = ()
+        for _ in range(1 + self.world.cfg.coordinator.retries):
+            route = self.router.choose(model, info, exclude=failed)
+            if route is None:
                 break
-        self.routing.requests.append(Routed(now, tuple(e.key for e in legs), ok, excluded))
+            legs: list[Endpoint] = [route.ep] + ([route.prefill] if route.prefill is not None else [])
+            keys = tuple(e.key for e in legs)
+            routable = {e.key for e in table.routable()}
+            excluded += tuple(e.key for e in legs if e.key not in routable or breakers.is_open(e.key))
+            bad = self._attempt(legs)
+            if bad is None:
+                self.routing.requests.append(Routed(now, keys, True, excluded, len(failed)))
+                return
+            failed.append(bad)
+        self.routing.requests.append(Routed(now, keys, False, excluded, len(failed)))
+
+    def _attempt(self, legs: list[Endpoint]) -> str | None:
+        """Play one attempt; the key of the endpoint that failed it, or None."""
+        assert self.breakers is not None
+        for ep in reversed(legs):  # the prefill leg first, as the adapters run it
+            self.breakers.on_attempt(ep.key)
+            if self.world.serving(ep.key.rpartition("/")[0], ep.port):
+                self.breakers.success(ep.key)
+            else:
+                self.breakers.failure(ep.key, "the engine did not answer")
+                return ep.key
+        return None

@@ -46,23 +46,22 @@ class TruthFold:
         self.state = ClusterState()
         self._created = ""
         self._seq = 0
+        self._first = 0  # the first sequence folded: a purge (or a rewind) takes it away
 
     def current(self) -> ClusterState:
         s = self.server.streams.get(MOTOR_STREAM)
         if s is None:
             return self.state
-        if (
-            s.created != self._created
-            or s.last_seq < self._seq
-            or (s.first_seq - 1 > self._seq and self._seq)
-        ):
-            self.state, self._created, self._seq = ClusterState(), s.created, 0
+        gone = bool(self._first) and s.get(self._first) is None
+        if s.created != self._created or s.last_seq < self._seq or gone:
+            self.state, self._created, self._seq, self._first = ClusterState(), s.created, 0, 0
         for m in s.after(self._seq, None):
             self._fold(m)
         return self.state
 
     def _fold(self, m: Stored) -> None:
         self._seq = m.seq
+        self._first = self._first or m.seq
         try:
             self.state = apply(self.state, decode(m.data, m.subject), m.seq)
         except (DecodeError, Exception):  # poison: skipped here as every fold skips it

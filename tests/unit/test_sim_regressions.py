@@ -105,3 +105,11 @@ def test_seed_266_no_decision_before_the_fold_is_checked_after_a_reconnect() -> 
     took, before its watcher made the consumer again. A fold is not `checked` while its MOTOR
     consumer predates the last reconnect."""
     assert _failures(266) == []
+
+
+def test_seed_1217_a_node_whose_dead_engine_was_stopped_can_serve_again() -> None:
+    """Seed 1217: an engine hung for good was reported `engine_dead` and replaced; the agent's
+    fault about that engine stayed open after it was stopped, so its node sat out assembly for
+    good, and when the replacement failed no prefill was left. The fault reporter now clears the
+    faults of an engine that is gone (nodeagent/faults.py `on_engine_gone`)."""
+    assert _failures(1217) == []
