@@ -29,6 +29,12 @@ test *ARGS: test-deps k8s-tools
 chaos *ARGS:
     {{python}} -m pytest -q -s tests/chaos -m chaos {{ARGS}}
 
+# The seeded simulation (tests/sim): the real controllers and node agents in one process on the
+# memory log, SEEDS fault schedules (default 200), each failure printed with its seed;
+# `just sim --seed N` replays one exactly, with its schedule, what happened and its log.
+sim *ARGS:
+    {{python}} -m tests.sim {{ARGS}}
+
 # The multi-host suite: three hosts in network namespaces, a 3-node NATS cluster, faults under
 # client traffic (tests/multihost; root only: `ip netns`; not part of `just test`).
 test-multihost *ARGS:

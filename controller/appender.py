@@ -17,16 +17,13 @@ import enum
 import logging
 from collections.abc import Callable, Sequence
 
-from nats.js import JetStreamContext
-from nats.js.errors import NotFoundError
-
 from controller.fold import Fold
 from controller.metrics import ControllerMetrics
 from controller.rule_context import Decision
 from core import subjects
 from streams.definitions import MOTOR_STREAM
 from streams.errors import SequenceConflict, StreamsError
-from streams.publisher import Publisher
+from streams.log import Log
 
 log = logging.getLogger(__name__)
 
@@ -40,11 +37,11 @@ class Outcome(enum.Enum):
 
 
 class Appender:
-    def __init__(self, js: JetStreamContext, fold: Fold, metrics: ControllerMetrics) -> None:
-        self.js = js
+    def __init__(self, log: Log, fold: Fold, metrics: ControllerMetrics) -> None:
+        self.log = log
         self.fold = fold
         self.metrics = metrics
-        self.publisher = Publisher(js)
+        self.publisher = log.publisher()
         self.awaited = 0  # highest sequence appended: decide again only once it is folded
         self.fence: int | None = None  # seq of this leader's own announcement
         self.landed = 0  # decisions of the last batch that landed (duplicates included)
@@ -60,10 +57,7 @@ class Appender:
         if seq is not None or self.fold.complete:
             return seq or 0
         try:
-            msg = await self.js.get_last_msg(MOTOR_STREAM, subject)
-            last = int(msg.seq or 0)
-        except NotFoundError:
-            last = 0
+            last = await self.log.last_subject_seq(MOTOR_STREAM, subject)
         except Exception as exc:  # NATS slow or away: no guard to give, so no write
             log.warning("cannot read the last sequence of %s: %s", subject, exc)
             return None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 
 from core.reducer import apply
 from core.state import ClusterState
@@ -19,7 +20,8 @@ from streams.reader import Record
 class Fold:
     """State folded so far; no I/O."""
 
-    def __init__(self, state: ClusterState | None = None) -> None:
+    def __init__(self, state: ClusterState | None = None, *, clock: Callable[[], float] = time.time) -> None:
+        self.clock = clock
         self.changed = asyncio.Event()  # set on every MOTOR event; the decide loop clears it
         self.reset(state)
 
@@ -40,7 +42,7 @@ class Fold:
         self.state = apply(self.state, rec.event, rec.seq)
         self.subject_seq[rec.subject] = rec.seq
         self.motor_events += 1
-        self.lag = max(0.0, time.time() - rec.event.ts)
+        self.lag = max(0.0, self.clock() - rec.event.ts)
         self.changed.set()
 
     def heartbeat(self, rec: Record) -> None:

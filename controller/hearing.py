@@ -18,10 +18,8 @@ import asyncio
 import logging
 from collections.abc import Callable
 
-from nats.aio.client import Client
-
 from streams.definitions import HB_STREAM
-from streams.reader import stream_last_seq
+from streams.log import Log
 
 log = logging.getLogger(__name__)
 
@@ -37,13 +35,13 @@ class HeartbeatPath:
 
     def __init__(
         self,
-        nc: Client,
+        motor: Log,
         clock: Callable[[], float],
         *,
         every: float = PROBE_EVERY,
         answer_within: float = ANSWER_WITHIN,
     ) -> None:
-        self.nc = nc
+        self.motor = motor
         self.clock = clock
         self.every = every
         self.answer_within = answer_within
@@ -59,7 +57,7 @@ class HeartbeatPath:
         """Ask once; True when the stream's leader answered within `answer_within`."""
         asked = self.clock()
         try:
-            await stream_last_seq(self.nc, HB_STREAM, wait=self.answer_within)
+            await self.motor.stream_info(HB_STREAM, wait=self.answer_within)
         except Exception as exc:  # no leader, NATS away, no permission: heartbeats are not landing
             now = self.clock()
             if not self.down:

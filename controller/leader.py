@@ -15,14 +15,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import orjson
-from nats.js import JetStreamContext
-from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
-from nats.js.kv import KeyValue
 
-from streams.definitions import LEADER_BUCKET
+from streams.log import KV, WrongRevision
 
 log = logging.getLogger(__name__)
 
@@ -54,19 +52,19 @@ def poll_every(ttl: float) -> float:
 class Lease:
     """This controller's view of the lease; `acquire`/`renew` talk to the server."""
 
-    def __init__(self, js: JetStreamContext, controller_id: str, ttl: float) -> None:
-        self.js = js
+    def __init__(
+        self, kv: KV, controller_id: str, ttl: float, *, monotonic: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._kv = kv  # the `motor_leader` bucket
         self.id = controller_id
         self.ttl = ttl
+        self.monotonic = monotonic
         self.term = 0
-        self._kv: KeyValue | None = None
         self._revision: int | None = None
         self._valid_until = 0.0  # monotonic
         self._failing = False  # log a run of failures once
 
-    async def kv(self) -> KeyValue:
-        if self._kv is None:
-            self._kv = await self.js.key_value(LEADER_BUCKET)
+    async def kv(self) -> KV:
         return self._kv
 
     @property
@@ -76,7 +74,7 @@ class Lease:
     def valid(self, margin: float | None = None) -> bool:
         """Held and, by our clock, not yet lapsed on the server (minus a safety margin)."""
         margin = self.ttl * 0.2 if margin is None else margin
-        return self.held and time.monotonic() < self._valid_until - margin
+        return self.held and self.monotonic() < self._valid_until - margin
 
     def _value(self) -> bytes:
         return lease_value(self.id, self.term)
@@ -94,11 +92,11 @@ class Lease:
     async def acquire(self, term: int) -> bool:
         """Take the lease if nobody else holds it; `term` is what the new reign will be called."""
         self.term = term
-        sent = time.monotonic()
+        sent = self.monotonic()
         try:
             kv = await self.kv()
             rev = await kv.create(LEASE_KEY, self._value())
-        except KeyWrongLastSequenceError:
+        except WrongRevision:
             self._ok("create")
             # Ours after all when an earlier create timed out but landed, or when this id
             # held it in a previous life (a supervisor restarted us before the TTL ran out).
@@ -119,11 +117,11 @@ class Lease:
         """Extend the lease; False (and no longer held) when someone else has it now."""
         if self._revision is None:
             return False
-        sent = time.monotonic()
+        sent = self.monotonic()
         try:
             kv = await self.kv()
             rev = await kv.update(LEASE_KEY, self._value(), last=self._revision)
-        except KeyWrongLastSequenceError:
+        except WrongRevision:
             log.warning("leader lease lost: the key moved on (another controller took over)")
             self._revision = None
             return False
@@ -155,12 +153,10 @@ class Lease:
         try:
             kv = await self.kv()
             entry = await kv.get(LEASE_KEY)
-        except KeyNotFoundError:
-            return None
         except Exception as exc:
             self._failed("read", exc)
             return None
-        if not entry.value:
+        if entry is None or not entry.value:
             return None
         try:
             raw = orjson.loads(entry.value)

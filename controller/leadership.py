@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
-
-from nats.aio.client import Client
-from nats.js import JetStreamContext
 
 from controller.appender import Appender
 from controller.fold import Fold
@@ -26,9 +24,9 @@ from core import subjects
 from core.bounds import MAX_TERM
 from core.events import LeaderChanged, LeaderChangedData
 from core.ids import derive_id
-from streams.definitions import MOTOR_STREAM
+from streams.definitions import LEADER_BUCKET, MOTOR_STREAM
 from streams.livefold import LiveFold
-from streams.reader import stream_last_seq
+from streams.log import Log
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +42,7 @@ class Leadership:
 
     def __init__(
         self,
-        nc: Client,
-        js: JetStreamContext,
+        log: Log,
         controller_id: str,
         fold: Fold,
         appender: Appender,
@@ -53,15 +50,16 @@ class Leadership:
         *,
         ttl: float,
         clock: Callable[[], float],
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.nc = nc
+        self.conn = log  # the connection the lease and the takeover's question travel on
         self.id = controller_id
         self.fold = fold
         self.appender = appender
         self.metrics = metrics
         self.ttl = ttl
         self.clock = clock
-        self.lease = Lease(js, controller_id, ttl)
+        self.lease = Lease(log.kv(LEADER_BUCKET), controller_id, ttl, monotonic=monotonic)
         self.log: LiveFold | None = None  # set by the service once it follows the log
         self.leader = False
         self.took_over_at = 0.0  # wall clock: the heartbeat grace starts here too
@@ -94,7 +92,7 @@ class Leadership:
         """Compete for, hold and renew the lease, for ever."""
         lease, ttl = self.lease, self.ttl
         while True:
-            if not self.nc.is_connected:
+            if not self.conn.connected:
                 # NATS away: a request now would only queue in the client and land late.
                 if self.leader and not lease.valid():
                     self.step_down("NATS is away and the lease may have lapsed")
@@ -163,7 +161,7 @@ class Leadership:
         try:
             # Briefly: after the server leading MOTOR died, the stream answers nothing until a
             # new leader is elected, and only a question asked after that is answered.
-            target = await stream_last_seq(self.nc, MOTOR_STREAM, wait=takeover_ask(self.ttl))
+            target = (await self.conn.stream_info(MOTOR_STREAM, wait=takeover_ask(self.ttl))).last_seq
         except Exception as exc:  # NATS slow or away, no stream leader yet: try again
             log.warning("won the lease but cannot read the stream's last seq: %s", exc)
             return

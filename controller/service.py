@@ -20,9 +20,6 @@ from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 
-from nats.aio.client import Client
-from nats.js import JetStreamContext
-
 from controller.appender import Appender, Outcome
 from controller.decide import decide
 from controller.fold import Fold
@@ -33,11 +30,12 @@ from core.config import ClusterConfig
 from core.state import ClusterState
 from streams.checkpoint import Origin, load_checkpoint_origin, save_checkpoint
 from streams.connection import NatsOptions, connect
-from streams.consumer import js_api
-from streams.definitions import HB_STREAM, MOTOR_STREAM, ensure_streams
+from streams.definitions import HB_STREAM, MOTOR_STREAM
 from streams.errors import StreamsError
+from streams.jetstream import JetStreamLog
 from streams.livefold import LiveFold
-from streams.lostlog import Loss, StreamView, stale_checkpoint
+from streams.log import Log
+from streams.lostlog import Loss, stale_checkpoint
 from streams.poison import Skipped
 from streams.reader import Record
 from streams.retry import until_done
@@ -70,16 +68,22 @@ class ControllerService:
         nats_urls: list[str] | None = None,
         clock: Callable[[], float] = time.time,
         checkpoint_key: str = CHECKPOINT_KEY,
+        log: Log | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
+        """`log`: the log to run on (default: connect to NATS at `nats_urls` when run); `clock`
+        and `monotonic`: wall and steady time (the simulator gives its own, tests/sim)."""
         self.cfg = cfg
         self.id = controller_id
         self.nats_urls = nats_urls
         self.clock = clock
+        self.monotonic = monotonic
         self.checkpoint_key = checkpoint_key
+        self._given_log = log
         self.metrics = ControllerMetrics(controller_id)
         self._motor_folded = self.metrics.events.labels(MOTOR_STREAM)
         self._hb_folded = self.metrics.events.labels(HB_STREAM)
-        self.fold = Fold()
+        self.fold = Fold(clock=clock)
         self.caught_up = asyncio.Event()  # the LiveFold's: cleared while a lost log is folded again
         self.started = asyncio.Event()
         self.checkpoint_seq = 0
@@ -135,23 +139,34 @@ class ControllerService:
         """Run until `stop` is set; then give the lease up and close the connection."""
         ctrl = self.cfg.controller
         async with AsyncExitStack() as stack:
-            opts = NatsOptions.from_config(self.cfg.nats, self.nats_urls)
-            # Waits for NATS as long as it takes: a controller started before NATS is not a crash.
-            nc = await connect(opts, name=f"motor-controller-{self.id}", retry_initial=True)
-            stack.push_async_callback(_close, nc)
-            js = nc.jetstream()
+            motor = self._given_log
+            if motor is None:
+                opts = NatsOptions.from_config(self.cfg.nats, self.nats_urls)
+                # Waits for NATS as long as it takes: a controller started before NATS is not a crash.
+                nc = await connect(opts, name=f"motor-controller-{self.id}", retry_initial=True)
+                motor = JetStreamLog(nc)
+                stack.push_async_callback(_close, motor)
             await until_done(
-                "ensure the streams", lambda: ensure_streams(js, self.cfg.nats, lease_ttl=ctrl.lease_ttl), log
+                "ensure the streams",
+                lambda: motor.ensure_streams(self.cfg.nats, lease_ttl=ctrl.lease_ttl),
+                log,
             )
-            await until_done("load the checkpoint", lambda: self._load_checkpoint(nc, js), log)
-            self._appender = Appender(js, self.fold, self.metrics)
+            await until_done("load the checkpoint", lambda: self._load_checkpoint(motor), log)
+            self._appender = Appender(motor, self.fold, self.metrics)
             lead = self.leadership = Leadership(
-                nc, js, self.id, self.fold, self._appender, self.metrics, ttl=ctrl.lease_ttl, clock=self.clock
+                motor,
+                self.id,
+                self.fold,
+                self._appender,
+                self.metrics,
+                ttl=ctrl.lease_ttl,
+                clock=self.clock,
+                monotonic=self.monotonic,
             )
             stack.push_async_callback(lead.release)
             start = self.fold.state.last_seq + 1 if self.fold.state.last_seq else None
             self.log = lead.log = LiveFold(
-                nc,
+                motor,
                 self._fold_motor,
                 start_seq=start,
                 heartbeats=self._fold_hb,
@@ -159,14 +174,15 @@ class ControllerService:
                 on_skip=self._on_skip,
                 name=f"controller/{self.id}",
                 caught_up=self.caught_up,
+                clock=self.clock,
             )
             await self.log.start()
             stack.push_async_callback(self.log.close)
-            path = self.heartbeat_path = HeartbeatPath(nc, self.clock)
+            path = self.heartbeat_path = HeartbeatPath(motor, self.clock)
             loops = [
                 asyncio.create_task(_forever("lease", lambda: lead.run(self.caught_up)), name="lease"),
                 asyncio.create_task(_forever("heartbeat path", path.run), name="heartbeat-path"),
-                asyncio.create_task(_forever("decide", lambda: self._decide_loop(js)), name="decide"),
+                asyncio.create_task(_forever("decide", lambda: self._decide_loop(motor)), name="decide"),
             ]
             self.started.set()
             try:
@@ -178,15 +194,15 @@ class ControllerService:
                 if stuck:
                     log.error("tasks did not stop: %s", ", ".join(t.get_name() for t in stuck))
 
-    async def _load_checkpoint(self, nc: Client, js: JetStreamContext) -> None:
+    async def _load_checkpoint(self, motor: Log) -> None:
         try:
-            found = await load_checkpoint_origin(js, self.checkpoint_key)
+            found = await load_checkpoint_origin(motor, self.checkpoint_key)
         except StreamsError as exc:
             if "unreadable" not in str(exc) and "format" not in str(exc):
                 raise  # NATS away: try again
             log.warning("checkpoint unusable (%s); replaying the whole log", exc)
             found = None
-        view = StreamView.from_info(await js_api(nc, f"$JS.API.STREAM.INFO.{MOTOR_STREAM}"))
+        view = await motor.stream_info(MOTOR_STREAM)
         self._stream_created = view.created
         state: ClusterState | None = None
         if found is not None:
@@ -223,7 +239,7 @@ class ControllerService:
         self.fold.heartbeat(rec)
         self._hb_folded.inc()
         if self.caught_up.is_set():  # heartbeats replayed at start-up are old, not late
-            self.metrics.hb_lag.observe(max(0.0, time.time() - rec.event.ts))
+            self.metrics.hb_lag.observe(max(0.0, self.clock() - rec.event.ts))
 
     def _on_skip(self, skipped: Skipped) -> None:
         self.metrics.skipped.labels(skipped.reason).inc()
@@ -249,7 +265,7 @@ class ControllerService:
 
     # ------------------------------------------------------------------ decide
 
-    async def _decide_loop(self, js: JetStreamContext) -> None:
+    async def _decide_loop(self, motor: Log) -> None:
         tick = self.cfg.controller.tick_interval
         changed = self.fold.changed
         lead, appender, livefold = self.leadership, self._appender, self.log
@@ -262,8 +278,8 @@ class ControllerService:
                     await changed.wait()
             changed.clear()
             self._observe()
-            if not self.caught_up.is_set() or not lead.may_write():
-                continue
+            if not self.caught_up.is_set() or not lead.may_write() or not livefold.checked:
+                continue  # (not checked: the fold may hold a fact a lost tail took; asked first)
             if livefold.position < appender.awaited:
                 continue  # our own appends are not folded yet: deciding now would repeat them
             if await lead.outrank():
@@ -280,15 +296,15 @@ class ControllerService:
             self.metrics.decide_seconds.observe(time.perf_counter() - started)
             if decisions and await appender.append(decisions, lead.may_write) is Outcome.FENCED:
                 lead.deposed()
-            await self._maybe_checkpoint(js)
+            await self._maybe_checkpoint(motor)
 
-    async def _maybe_checkpoint(self, js: JetStreamContext) -> None:
+    async def _maybe_checkpoint(self, motor: Log) -> None:
         state = self.fold.state
         if state.last_seq - self.checkpoint_seq < self.cfg.controller.checkpoint_every:
             return
         try:
             await save_checkpoint(
-                js, self.checkpoint_key, state, Origin(self._stream_created, self._event_ts)
+                motor, self.checkpoint_key, state, Origin(self._stream_created, self._event_ts)
             )
         except Exception as exc:  # NATS slow or away: a later tick saves it
             log.warning("checkpoint at seq %d failed: %s", state.last_seq, exc)
@@ -326,8 +342,6 @@ async def _forever(name: str, loop: Callable[[], Awaitable[None]]) -> None:
         await asyncio.sleep(1.0)
 
 
-async def _close(nc: Client) -> None:
+async def _close(motor: Log) -> None:
     with contextlib.suppress(Exception):
-        await asyncio.wait_for(nc.drain(), 5.0)
-    with contextlib.suppress(Exception):
-        await nc.close()
+        await motor.close()

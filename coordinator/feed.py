@@ -13,13 +13,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-
-from nats.aio.client import Client
+from collections.abc import Callable
 
 from coordinator.context import CoordinatorContext
 from core import subjects
 from streams.definitions import HB_STREAM, MOTOR_STREAM
 from streams.livefold import LiveFold
+from streams.log import Log
 from streams.lostlog import Loss
 from streams.poison import Skipped
 from streams.reader import Record
@@ -29,8 +29,10 @@ log = logging.getLogger(__name__)
 HOLD_FOR = 60.0  # the longest a lost log's re-adoption may take before the new log alone decides
 
 
-def follow_log(ctx: CoordinatorContext, nc: Client, *, name: str = "coordinator") -> LiveFold:
-    """A LiveFold feeding `ctx` (not started); `ctx.wait_applied` waits on it."""
+def follow_log(
+    ctx: CoordinatorContext, motor: Log, *, name: str = "coordinator", clock: Callable[[], float] = time.time
+) -> LiveFold:
+    """A LiveFold of `motor` feeding `ctx` (not started); `ctx.wait_applied` waits on it."""
 
     motor_lag = ctx.metrics.fold_lag.labels(MOTOR_STREAM)
     hb_lag = ctx.metrics.fold_lag.labels(HB_STREAM)
@@ -39,12 +41,12 @@ def follow_log(ctx: CoordinatorContext, nc: Client, *, name: str = "coordinator"
     def events(rec: Record) -> None:
         ctx.apply(rec.event, rec.seq)
         if rec.appended and caught_up.is_set():  # replayed at start-up: old, not late
-            motor_lag.observe(max(0.0, time.time() - rec.appended))
+            motor_lag.observe(max(0.0, clock() - rec.appended))
 
     def heartbeats(rec: Record) -> None:
         ctx.apply(rec.event, 0)  # not a MOTOR sequence
         if rec.appended and caught_up.is_set():
-            hb_lag.observe(max(0.0, time.time() - rec.appended))
+            hb_lag.observe(max(0.0, clock() - rec.appended))
 
     def skipped(s: Skipped) -> None:
         ctx.metrics.events_skipped.labels(s.reason).inc()
@@ -69,7 +71,7 @@ def follow_log(ctx: CoordinatorContext, nc: Client, *, name: str = "coordinator"
             ctx.table.last_seq = 0  # sequences start over: report the new log's position
 
     fold = LiveFold(
-        nc,
+        motor,
         events,
         filter_subject=subjects.ALL_EVENTS,
         heartbeats=heartbeats,
@@ -77,6 +79,7 @@ def follow_log(ctx: CoordinatorContext, nc: Client, *, name: str = "coordinator"
         on_skip=skipped,
         name=name,
         caught_up=ctx.caught_up,
+        clock=clock,
     )
     ctx.log = fold
     return fold

@@ -42,6 +42,7 @@ from http1.auth import Guard
 from http1.metrics import HttpCollector
 from streams.connection import NatsOptions, connect
 from streams.definitions import ensure_streams
+from streams.jetstream import JetStreamLog
 from streams.livefold import LiveFold
 from streams.publisher import Publisher
 
@@ -205,7 +206,7 @@ class CoordinatorService:
         ctx = self.ctx = CoordinatorContext(
             settings=self.settings, publisher=Publisher(js), source=f"coordinator/{self.name}"
         )
-        self._fold = follow_log(ctx, self._nc, name=f"coordinator/{self.name}")
+        self._fold = follow_log(ctx, JetStreamLog(self._nc), name=f"coordinator/{self.name}")
         await self._fold.start()
         mgmt = create_mgmt_app(ctx)
         self._lifespan = Lifespan(mgmt)

@@ -7,13 +7,35 @@ dedupe window drops the second copy.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import hashlib
 import os
 import time
+from collections.abc import Callable, Iterator
+
+# Set only by the seeded simulator (tests/sim), which runs every component in one process and
+# must repeat a run exactly from its seed: then every fresh id of this context is drawn there.
+_SOURCE: contextvars.ContextVar[Callable[[], str] | None] = contextvars.ContextVar(
+    "motor_new_id", default=None
+)
+
+
+@contextlib.contextmanager
+def ids_from(source: Callable[[], str]) -> Iterator[None]:
+    """Draw every `new_id()` in this context (and in the tasks started from it) from `source`."""
+    token = _SOURCE.set(source)
+    try:
+        yield
+    finally:
+        _SOURCE.reset(token)
 
 
 def new_id() -> str:
     """A fresh, time-ordered 128-bit id as 32 hex digits (UUIDv7 layout)."""
+    source = _SOURCE.get()
+    if source is not None:
+        return source()
     ms = time.time_ns() // 1_000_000
     rand = int.from_bytes(os.urandom(10), "big")
     value = (ms << 80) | (0x7 << 76) | (rand & ((1 << 76) - 1))

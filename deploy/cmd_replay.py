@@ -220,7 +220,8 @@ def _verify(args: argparse.Namespace, records: list[Any], console: Any) -> int:
     cfg = load_config_file(args.config)
     report = verify(records, lambda s, now: decide(s, cfg, now))
     console.print(
-        f"verify: {report.checked} logged decisions, {report.verified} reproduced, "
+        f"verify: {report.checked} logged decisions, {report.verified} reproduced "
+        f"({report.late} on a fold that had not reached what landed just before them), "
         f"{report.unverifiable} depend on heartbeats (not in the log), {len(report.mismatches)} differ"
     )
     for m in report.mismatches[:50]:

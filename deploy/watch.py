@@ -27,10 +27,11 @@ class StateWatcher:
         self.fold: Any = None  # streams.livefold.LiveFold, made in start()
 
     async def start(self) -> None:
+        from streams.jetstream import JetStreamLog
         from streams.livefold import LiveFold
 
         self.fold = LiveFold(
-            self.nc,
+            JetStreamLog(self.nc),
             self._event,
             heartbeats=self._heartbeat,
             on_lost=self._lost,

@@ -15,14 +15,13 @@ request's timeout is waited out, not an exit.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
+from collections.abc import Callable
 from contextlib import AsyncExitStack
 from typing import Any
 
 import aiohttp
-from nats.aio.client import Client
 
 from core.events import (
     EndpointStatus,
@@ -43,6 +42,7 @@ from nodeagent.commands import CommandConsumer
 from nodeagent.engines import Engines, StatusChange
 from nodeagent.faults import FaultReporter
 from nodeagent.heartbeat import Heartbeats
+from nodeagent.host import EngineHost, ProcessHost
 from nodeagent.http import HttpView, create_app, serve
 from nodeagent.metrics import AgentMetrics
 from nodeagent.outbox import Outbox
@@ -53,22 +53,39 @@ from nodeagent.settings import AgentSettings
 from nodeagent.snapshot import Snapshot
 from nodeagent.suicide import suicide_watch
 from streams.connection import NatsOptions, connect
-from streams.definitions import ensure_streams
-from streams.publisher import Publisher
+from streams.jetstream import JetStreamLog
+from streams.log import Log
 from streams.retry import Abandoned, until_done
 
 log = logging.getLogger(__name__)
 
 
 class NodeAgent:
-    def __init__(self, settings: AgentSettings) -> None:
+    def __init__(
+        self,
+        settings: AgentSettings,
+        *,
+        log: Log | None = None,
+        host: EngineHost | None = None,
+        http: bool = True,
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """`log`: the log to run on (default: connect to NATS from the settings); `host`: where
+        engines run (default: this machine's processes); `http`: serve the agent's HTTP API.
+        The simulator (tests/sim) gives its own log, engines and clocks, and no HTTP."""
         self.settings = settings
         self.source = f"nodeagent/{settings.node_id}"
         self.job_name = settings.job_name
         self.metrics = AgentMetrics(settings.node_id)
         self.port = settings.port
         self.registered = False
-        self._nc: Client | None = None
+        self.clock = clock
+        self.monotonic = monotonic
+        self._given_log = log
+        self._given_host = host
+        self._http = http
+        self._log: Log | None = None
         self._outbox: Outbox | None = None
         self._engines: Engines | None = None
         self._observer: Observer | None = None
@@ -91,7 +108,7 @@ class NodeAgent:
         return f"http://{self.settings.ip}:{self.port}"
 
     def _event(self, cls: type[EventBase], data: Any, event_id: str | None = None) -> Any:
-        return cls(id=event_id or new_id(), ts=time.time(), source=self.source, data=data)  # type: ignore[call-arg]
+        return cls(id=event_id or new_id(), ts=self.clock(), source=self.source, data=data)  # type: ignore[call-arg]
 
     # ------------------------------------------------------------------ run
 
@@ -108,32 +125,36 @@ class NodeAgent:
         s = self.settings
         build_registration(s)  # a config that cannot run fails here, before anything starts
         async with AsyncExitStack() as stack:
-            nc = await connect(
-                NatsOptions.from_config(s.config.nats, s.nats_urls),
-                name=f"nodeagent-{s.node_id}",
-                retry_initial=True,
-            )
-            self._nc = nc
-            stack.push_async_callback(self._close_nats, nc)
-            js = nc.jetstream()
+            motor = self._given_log
+            if motor is None:
+                nc = await connect(
+                    NatsOptions.from_config(s.config.nats, s.nats_urls),
+                    name=f"nodeagent-{s.node_id}",
+                    retry_initial=True,
+                )
+                motor = JetStreamLog(nc)
+                stack.push_async_callback(motor.close)
+            self._log = motor
             # Create what is missing, change nothing: stream settings are the controller's and
             # motor up's (a node agent's NATS user may not change them).
             await until_done(
                 "create the streams",
-                lambda: ensure_streams(
-                    js, s.config.nats, lease_ttl=s.config.controller.lease_ttl, update=False
+                lambda: motor.ensure_streams(
+                    s.config.nats, lease_ttl=s.config.controller.lease_ttl, update=False
                 ),
                 log,
                 stop=stop,
             )
-            publisher = Publisher(js)
-            self._outbox = Outbox(publisher, self.metrics)
+            self._outbox = Outbox(motor.publisher(), self.metrics)
             self._outbox.start()
             stack.push_async_callback(self._outbox.close)
-            session = aiohttp.ClientSession()
-            stack.push_async_callback(session.close)
+            host = self._given_host
+            if host is None:
+                session = aiohttp.ClientSession()
+                stack.push_async_callback(session.close)
+                host = ProcessHost(session)
 
-            self._engines = Engines(s, session, self._on_change)
+            self._engines = Engines(s, host, self._on_change)
             adopted = self.engines.adopt(runstate.load(s.state_file, s.node_id))
             if adopted:
                 log.info("adopted running engines %s of instance %s", adopted, self.engines.instance_id)
@@ -146,15 +167,22 @@ class NodeAgent:
                     log.info("restored from a container snapshot: job %s", restored_job)
                     self.job_name = restored_job
 
-            runner, self.port = await serve(create_app(self._http_view()), s.bind_host, s.port)
-            stack.push_async_callback(runner.cleanup)
+            if self._http:
+                runner, self.port = await serve(create_app(self._http_view()), s.bind_host, s.port)
+                stack.push_async_callback(runner.cleanup)
 
             cmds = s.config.nodeagent
             handler = CommandHandler(
-                s, self.job_name, self.engines, self.outbox.send, self.metrics, self._snapshot
+                s,
+                self.job_name,
+                self.engines,
+                self.outbox.send,
+                self.metrics,
+                self._snapshot,
+                clock=self.clock,
             )
             consumer = CommandConsumer(
-                nc,
+                motor,
                 s.node_id,
                 handler.handle,
                 handler.refuse,
@@ -162,11 +190,19 @@ class NodeAgent:
                 ack_wait=max(60.0, 3 * s.stop_grace),
                 attempts=cmds.command_attempts,
                 retry_delay=cmds.command_retry_delay,
+                clock=self.clock,
+                monotonic=self.monotonic,
             )
             await until_done("bind the command consumer", consumer.subscribe, log, stop=stop)
             stack.push_async_callback(consumer.close)
             self._observer = Observer(
-                nc, s.node_id, self._running, self._reregister, interval=s.resync_interval
+                motor,
+                s.node_id,
+                self._running,
+                self._reregister,
+                interval=s.resync_interval,
+                clock=self.clock,
+                monotonic=self.monotonic,
             )
             await self._observer.start()
             stack.push_async_callback(self._observer.close)
@@ -176,16 +212,29 @@ class NodeAgent:
             if restored_job and self._snapshot is not None:
                 self._snapshot.mark_restored()
 
-            heartbeats = Heartbeats(s, nc, session, self.engines, self.metrics, self._snapshot_pending)
+            heartbeats = Heartbeats(
+                s,
+                motor,
+                host,
+                self.engines,
+                self.metrics,
+                self._snapshot_pending,
+                clock=self.clock,
+                monotonic=self.monotonic,
+            )
             if s.config.nodeagent.suicide_threshold:
-                heartbeats.on_beat = suicide_watch(s, self.engines, self.outbox.post, self.metrics).on_beat
+                heartbeats.on_beat = suicide_watch(
+                    s, self.engines, self.outbox.post, self.metrics, clock=self.clock
+                ).on_beat
             parts: dict[str, Part] = {
                 "commands": consumer.run,
                 "heartbeats": heartbeats.run,
                 "resync": self._observer.run,
             }
             if s.fault_reporter_on:
-                parts["faults"] = FaultReporter(s, self.engines, session, self.outbox.post, self.metrics).run
+                parts["faults"] = FaultReporter(
+                    s, self.engines, host.fault_status, self.outbox.post, self.metrics, clock=self.clock
+                ).run
             if self._snapshot is not None:
                 parts["snapshot"] = self._snapshot.run
             tasks = {
@@ -225,13 +274,6 @@ class NodeAgent:
                 )
             )
         await self.outbox.drain(5.0)
-
-    @staticmethod
-    async def _close_nats(nc: Client) -> None:
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(nc.drain(), 5.0)
-        with contextlib.suppress(Exception):
-            await nc.close()
 
     # ------------------------------------------------------------------ registration
 
@@ -310,7 +352,11 @@ class NodeAgent:
         return self._engines is not None and self.engines.all_ready()
 
     def alive(self) -> bool:
-        return self._nc is not None and not self._nc.is_closed
+        """Running on a log whose connection is not closed for good."""
+        motor = self._log
+        if motor is None:
+            return False
+        return not motor.nc.is_closed if isinstance(motor, JetStreamLog) else True
 
     def status(self) -> dict[str, Any]:
         """What `/node-manager/status` shows."""

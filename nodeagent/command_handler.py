@@ -48,8 +48,12 @@ def verb_of(cmd: Command) -> Verb:
     return "start" if isinstance(cmd, StartCommand) else "stop"
 
 
-def answer(node_id: str, source: str, cmd: Command, outcome: Outcome) -> CommandApplied | CommandRefused:
-    """The event answering `cmd`; its id derives from the command's, so a repeated answer is one."""
+def answer(
+    node_id: str, source: str, cmd: Command, outcome: Outcome, *, ts: float | None = None
+) -> CommandApplied | CommandRefused:
+    """The event answering `cmd` (at `ts`, default now); its id derives from the command's, so
+    a repeated answer is one."""
+    when = time.time() if ts is None else ts
     d = cmd.data
     eid = derive_id("command-result", node_id, d.command_id)
     verb = verb_of(cmd)
@@ -63,11 +67,11 @@ def answer(node_id: str, source: str, cmd: Command, outcome: Outcome) -> Command
             reason=outcome.reason,
             seen_term=outcome.seen_term,
         )
-        return CommandRefused(id=eid, ts=time.time(), source=source, data=refused)
+        return CommandRefused(id=eid, ts=when, source=source, data=refused)
     applied = CommandAppliedData(
         command_id=d.command_id, node_id=node_id, verb=verb, instance_id=d.instance_id
     )
-    return CommandApplied(id=eid, ts=time.time(), source=source, data=applied)
+    return CommandApplied(id=eid, ts=when, source=source, data=applied)
 
 
 def check_term(term: int, newest: int) -> None:
@@ -139,8 +143,11 @@ class CommandHandler:
         send: Send,
         metrics: AgentMetrics,
         snapshot: Snapshot | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.settings = settings
+        self.clock = clock
         self.node_id = settings.node_id
         self.source = f"nodeagent/{settings.node_id}"
         self.job_name = job_name
@@ -155,7 +162,14 @@ class CommandHandler:
         prior = runstate.outcome_of(self.engines.run_state(), d.command_id)
         if prior is not None:
             log.info("command %s already %s; answering again, doing nothing", d.command_id, prior)
-            await self.send(answer(self.node_id, self.source, cmd, prior))
+            await self.send(answer(self.node_id, self.source, cmd, prior, ts=self.clock()))
+            if prior == "applied" and isinstance(cmd, StartCommand):
+                # Sent again, perhaps because the log lost what followed it (a lost tail took the
+                # answer and the READY, or the start and the death of the engine it made): whoever
+                # sent it judges from the log, so the log must hold what its endpoints are now
+                # (found by the simulator, tests/sim, seeds 353 and 389).
+                ids = tuple(e.id for e in cmd.data.endpoints)
+                self.engines.report(ids, cmd.data.instance_id, f"as of start {d.command_id}, answered again")
             return
         outcome: Outcome = "applied"
         try:
@@ -167,14 +181,14 @@ class CommandHandler:
         except CommandRefusal as r:
             log.warning("command %s (%s) at seq %d refused: %s", d.command_id, verb_of(cmd), seq, r)
             outcome = r.refusal
-        await self.send(answer(self.node_id, self.source, cmd, outcome))
+        await self.send(answer(self.node_id, self.source, cmd, outcome, ts=self.clock()))
         self.engines.remember(d.command_id, outcome)
         result = "refused" if isinstance(outcome, Refusal) else "applied"
         self.metrics.commands.labels(self.node_id, verb_of(cmd), result).inc()
 
     async def refuse(self, cmd: Command, refusal: Refusal) -> None:
         """Answer a command that could not be handled with `command.refused` (and remember it)."""
-        await self.send(answer(self.node_id, self.source, cmd, refusal))
+        await self.send(answer(self.node_id, self.source, cmd, refusal, ts=self.clock()))
         self.metrics.commands.labels(self.node_id, verb_of(cmd), "refused").inc()
         try:
             self.engines.remember(cmd.data.command_id, refusal)

@@ -22,15 +22,6 @@ import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 
-from nats.aio.client import Client
-from nats.aio.msg import Msg
-from nats.errors import Error as NatsError
-from nats.errors import MsgAlreadyAckdError
-from nats.errors import TimeoutError as NatsTimeoutError
-from nats.js import JetStreamContext
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
-from nats.js.errors import NotFoundError
-
 from core import subjects
 from core.codec import decode
 from core.errors import DecodeError
@@ -38,6 +29,8 @@ from core.events import AnyEvent, StartCommand, StopCommand
 from nodeagent.errors import Refusal
 from nodeagent.metrics import AgentMetrics
 from streams.definitions import MOTOR_STREAM
+from streams.errors import StreamsError
+from streams.log import Durable, Log, Message
 from streams.permissions import durable_name  # NATS permissions name it too
 
 log = logging.getLogger(__name__)
@@ -59,7 +52,7 @@ class CommandConsumer:
 
     def __init__(
         self,
-        nc: Client,
+        motor: Log,
         node_id: str,
         handle: Handler,
         refuse: Refuser,
@@ -68,9 +61,12 @@ class CommandConsumer:
         ack_wait: float = 60.0,
         attempts: int = 3,
         retry_delay: float = 1.0,
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.nc = nc
-        self.js: JetStreamContext = nc.jetstream()
+        self.motor = motor
+        self.clock = clock
+        self.monotonic = monotonic
         self.node_id = node_id
         self.durable = durable_name(node_id)
         self.handle = handle
@@ -79,38 +75,28 @@ class CommandConsumer:
         self.ack_wait = ack_wait
         self.attempts = attempts
         self.retry_delay = retry_delay
-        self._sub: JetStreamContext.PullSubscription | None = None
+        self._sub: Durable | None = None
         self._stopping = False
         self._alive_at: float | None = None  # wall clock when the durable was last known to exist
 
-    def _config(self, since: float | None) -> ConsumerConfig:
-        cfg = ConsumerConfig(
-            durable_name=self.durable,
-            ack_policy=AckPolicy.EXPLICIT,
-            # A new durable starts at "now": it is created before the node registers, and
-            # commands of an earlier life of this node id are not this agent's business.
-            deliver_policy=DeliverPolicy.NEW,
+    async def subscribe(self, since: float | None = None) -> None:
+        """Create (or bind to) the durable consumer; call before registering.
+
+        A new durable delivers what is published from now on: it is made before the node
+        registers, and commands of an earlier life of this node id are not this agent's
+        business. Made again after it vanished (`since`), what was published since it was last
+        seen is ours (a command seen before is answered from memory). Every delivery may be
+        redelivered (attempts are counted here, so a refusal is logged).
+        """
+        self._sub = await self.motor.durable(
+            MOTOR_STREAM,
+            self.durable,
+            filter_subject=subjects.node_commands(self.node_id),
             ack_wait=self.ack_wait,
             max_ack_pending=1,
-            max_deliver=-1,  # attempts are counted here (num_delivered), so a refusal is logged
-            filter_subject=subjects.node_commands(self.node_id),
+            start_time=since - REMADE_MARGIN if since is not None else None,
         )
-        if since is not None:
-            # Made again after it vanished: what was published since it was last seen is ours
-            # (a command seen before is answered from memory).
-            cfg.deliver_policy = DeliverPolicy.BY_START_TIME
-            cfg.opt_start_time = datetime.fromtimestamp(since - REMADE_MARGIN, UTC)
-        return cfg
-
-    async def subscribe(self, since: float | None = None) -> None:
-        """Create (or bind to) the durable consumer; call before registering."""
-        self._sub = await self.js.pull_subscribe(
-            subjects.node_commands(self.node_id),
-            durable=self.durable,
-            stream=MOTOR_STREAM,
-            config=self._config(since),
-        )
-        self._alive_at = time.time()
+        self._alive_at = self.clock()
 
     async def run(self) -> None:
         """Fetch and handle commands until `stop` is called."""
@@ -121,17 +107,17 @@ class CommandConsumer:
                 await self._remake()
                 continue
             try:
-                msgs = await self._sub.fetch(1, timeout=FETCH_WAIT)
-            except (NatsTimeoutError, TimeoutError):
-                if self.nc.is_connected:
-                    self._alive_at = time.time()  # the server held our pull: the consumer exists
-                continue
-            except NatsError as exc:
+                msgs = await self._sub.fetch(FETCH_WAIT)
+            except StreamsError as exc:
                 if self._stopping:
                     return
                 await self.on_fetch_failed(exc)
                 continue
-            self._alive_at = time.time()
+            if not msgs:
+                if self.motor.connected:
+                    self._alive_at = self.clock()  # the server held our pull: the consumer exists
+                continue
+            self._alive_at = self.clock()
             for msg in msgs:
                 await self._one(msg)
 
@@ -141,15 +127,16 @@ class CommandConsumer:
 
     async def on_fetch_failed(self, exc: Exception) -> None:
         """A fetch failed: make the durable consumer again if it is gone, else pause a moment."""
+        assert self._sub is not None
         try:
-            await self.js.consumer_info(MOTOR_STREAM, self.durable)
-        except NotFoundError:
-            log.warning("command consumer %s is gone (%s): making it again", self.durable, exc)
-            await self._remake()
-            return
-        except (NatsError, TimeoutError) as info_exc:
+            exists = await self._sub.exists()
+        except (StreamsError, TimeoutError) as info_exc:
             log.warning("fetching commands failed (%s); consumer check failed too (%s)", exc, info_exc)
         else:
+            if not exists:
+                log.warning("command consumer %s is gone (%s): making it again", self.durable, exc)
+                await self._remake()
+                return
             log.warning("fetching commands failed: %s; retrying", exc)
         await asyncio.sleep(1.0)
 
@@ -157,19 +144,19 @@ class CommandConsumer:
         old, self._sub = self._sub, None
         if old is not None:
             with contextlib.suppress(Exception):
-                await old.unsubscribe()
+                await old.close()
         since = self._alive_at
         try:
             await self.subscribe(since=since)
-        except (NatsError, TimeoutError) as exc:
+        except (StreamsError, TimeoutError) as exc:
             log.warning("cannot make command consumer %s yet: %s; retrying in 1s", self.durable, exc)
             await asyncio.sleep(1.0)
             return
         self.metrics.consumer_remade.labels(self.node_id).inc()
         log.warning("command consumer %s made again (commands since %s)", self.durable, _clock(since))
 
-    async def _one(self, msg: Msg) -> None:
-        seq = msg.metadata.sequence.stream
+    async def _one(self, msg: Message) -> None:
+        seq = msg.seq
         try:
             ev: AnyEvent = decode(msg.data)
         except DecodeError as exc:
@@ -195,10 +182,10 @@ class CommandConsumer:
         else:
             await self._settle(msg, "ack", seq)
 
-    async def on_handler_failed(self, msg: Msg, ev: Command, seq: int, exc: Exception) -> None:
+    async def on_handler_failed(self, msg: Message, ev: Command, seq: int, exc: Exception) -> None:
         """Deliver again after a growing delay; after `attempts` deliveries refuse and terminate."""
         cid = ev.data.command_id
-        delivered = msg.metadata.num_delivered
+        delivered = msg.delivered
         what = f"{type(exc).__name__}: {exc}"
         self.metrics.command_failures.labels(self.node_id).inc()
         if delivered < self.attempts:
@@ -221,27 +208,25 @@ class CommandConsumer:
             log.error("command %s at seq %d: its refusal was not published either: %s", cid, seq, refuse_exc)
         await self._settle(msg, "term", seq)
 
-    async def _settle(self, msg: Msg, how: str, seq: int, delay: float | None = None) -> None:
+    async def _settle(self, msg: Message, how: str, seq: int, delay: float | None = None) -> None:
         """Ack, nak or term `msg`, retried while NATS does not answer; never raises.
 
         Given up after the ack wait: JetStream has redelivered the message by then, and the
         agent answers a command it has seen the same way again.
         """
-        deadline = time.monotonic() + self.ack_wait
+        deadline = self.monotonic() + self.ack_wait
         pause = 0.2
         while True:
             try:
                 if how == "ack":
-                    await msg.ack_sync(timeout=ACK_TIMEOUT)
+                    await msg.ack(ACK_TIMEOUT)
                 elif how == "nak":
                     await msg.nak(delay=delay)
                 else:
                     await msg.term()
                 return
-            except MsgAlreadyAckdError:
-                return
-            except (NatsError, TimeoutError, OSError) as exc:
-                if self._stopping or time.monotonic() + pause >= deadline:
+            except (StreamsError, TimeoutError, OSError) as exc:
+                if self._stopping or self.monotonic() + pause >= deadline:
                     self.metrics.command_ack_failures.labels(self.node_id).inc()
                     log.warning(
                         "command at seq %d: %s failed (%s); JetStream redelivers it, answered again",
@@ -252,7 +237,7 @@ class CommandConsumer:
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, 5.0)
 
-    async def _keepalive(self, msg: Msg) -> None:
+    async def _keepalive(self, msg: Message) -> None:
         # A stop may take stop_grace seconds: keep the message ours meanwhile.
         while True:
             await asyncio.sleep(self.ack_wait / 3)
@@ -262,7 +247,7 @@ class CommandConsumer:
     async def close(self) -> None:
         if self._sub is not None:
             with contextlib.suppress(Exception):
-                await self._sub.unsubscribe()
+                await self._sub.close()
 
 
 def _clock(ts: float | None) -> str:

@@ -14,18 +14,19 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import aiohttp
+from typing import TYPE_CHECKING
 
 from core.events import EndpointSpec, EndpointStatus, StartCommandData
 from nodeagent import runstate
 from nodeagent.backends import LaunchContext, LaunchSpec, backend_for
 from nodeagent.errors import CommandRefusal
-from nodeagent.health import HealthTracker, check
+from nodeagent.health import HealthTracker
 from nodeagent.loadmetrics import Load
 from nodeagent.runstate import EndpointRun, RunState
 from nodeagent.settings import AgentSettings, device_env, split_devices
-from nodeagent.supervisor import EngineProcess, port_free
+
+if TYPE_CHECKING:
+    from nodeagent.host import EngineHost, EngineProc
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +50,7 @@ class Endpoint:
     """One endpoint (DP rank) of this node and its engine process."""
 
     spec: EndpointSpec
-    proc: EngineProcess
+    proc: EngineProc
     tracker: HealthTracker
     serves_http: bool
     log_file: Path
@@ -81,9 +82,9 @@ def inherited_env(environ: Mapping[str, str]) -> dict[str, str]:
 
 
 class Engines:
-    def __init__(self, settings: AgentSettings, session: aiohttp.ClientSession, on_change: OnChange) -> None:
+    def __init__(self, settings: AgentSettings, host: EngineHost, on_change: OnChange) -> None:
         self.settings = settings
-        self.session = session
+        self.host = host  # this machine's processes (nodeagent.host), or the simulator's
         self.on_change = on_change
         self.endpoints: dict[int, Endpoint] = {}
         self.instance_id: int | None = None
@@ -162,6 +163,22 @@ class Engines:
                 out.append(ep.spec.id)
         return out
 
+    def report(self, endpoint_ids: tuple[int, ...], instance_id: int, reason: str) -> None:
+        """Say again what each of these endpoints of `instance_id` is: its status while it runs
+        or lies dead, STOPPED once it no longer runs here. For a start answered from memory:
+        the log may have lost what followed it, and its sender judges from the log."""
+        for i in endpoint_ids:
+            ep = self.endpoints.get(i)
+            if ep is not None:
+                if ep.status is not None and not ep.stopping and self.instance_id == instance_id:
+                    self.on_change(
+                        StatusChange(
+                            i, self.instance_id, ep.status, ep.status, reason, ep.exit_code, ep.proc.pid
+                        )
+                    )
+            elif self.instance_id in (None, instance_id):
+                self.on_change(StatusChange(i, instance_id, EndpointStatus.STOPPED, None, reason))
+
     # ------------------------------------------------------------------ start
 
     def launch_spec(self, cmd: StartCommandData, ep: EndpointSpec) -> LaunchSpec:
@@ -200,7 +217,7 @@ class Engines:
                 return False
             for e in todo:
                 for port, what in ((e.business_port, "business"), (e.bootstrap_port, "bootstrap")):
-                    if port is not None and not port_free(e.ip, port):
+                    if port is not None and not self.host.port_free(e.ip, port):
                         raise CommandRefusal(
                             "port_in_use", f"endpoint {e.id}: {what} port {e.ip}:{port} is already in use"
                         )
@@ -217,7 +234,7 @@ class Engines:
                             raise CommandRefusal(
                                 "spawn_failed", f"cannot create {d}: {exc.strerror}"
                             ) from None
-                    proc = await EngineProcess.spawn(
+                    proc = await self.host.spawn(
                         spec.argv, self.engine_env(spec, e, len(cmd.endpoints)), log_file
                     )
                     started.append(self._track(e, proc, spec.serves_http, log_file))
@@ -233,7 +250,7 @@ class Engines:
             self.save()
             return True
 
-    def _track(self, spec: EndpointSpec, proc: EngineProcess, serves_http: bool, log_file: Path) -> Endpoint:
+    def _track(self, spec: EndpointSpec, proc: EngineProc, serves_http: bool, log_file: Path) -> Endpoint:
         loop = asyncio.get_running_loop()
         tracker = HealthTracker(self.settings.section.health_check_config, loop.time())
         ep = Endpoint(spec=spec, proc=proc, tracker=tracker, serves_http=serves_http, log_file=log_file)
@@ -283,7 +300,7 @@ class Engines:
         loop = asyncio.get_running_loop()
         url = ep.url("/health")
         while ep.live and not ep.stopping:
-            ok, detail = await check(self.session, url, cfg)
+            ok, detail = await self.host.health(url, cfg)
             if not ep.live or ep.stopping:
                 return
             t = ep.tracker.observe(ok, detail, loop.time())
@@ -331,7 +348,7 @@ class Engines:
         self.done, self.term = state.done, state.term
         adopted: list[int] = []
         for run in state.endpoints:
-            proc = EngineProcess.adopt(run.pid, run.start_time)
+            proc = self.host.adopt(run.pid, run.start_time)
             if proc is None:
                 log.info("endpoint %d: engine pid %d from the run state is gone", run.endpoint_id, run.pid)
                 continue

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -107,9 +107,10 @@ class FaultReporter:
 
     settings: AgentSettings
     engines: Engines
-    session: aiohttp.ClientSession
+    fault_status: Callable[[str, float], Awaitable[str | None]]  # EngineHost.fault_status
     post: Callable[[EventBase], object]
     metrics: AgentMetrics
+    clock: Callable[[], float] = time.time
     trackers: dict[tuple[int, int], FaultTracker] = field(default_factory=dict)
 
     async def run(self) -> None:
@@ -128,17 +129,30 @@ class FaultReporter:
                 continue
             # One tracker per engine incarnation: a restarted engine starts with a clean slate.
             tracker = self.trackers.setdefault((ep.spec.id, ep.proc.pid), FaultTracker(ft.max_poll_failures))
-            status = await poll(self.session, ep.url("/fault_tolerance/status"), ft.poll_timeout)
+            status = await self.fault_status(ep.url("/fault_tolerance/status"), ft.poll_timeout)
             for action, code in tracker.observe(status):
                 self._emit(action, code, ep.spec.id, ep.proc.pid)
+        self.on_engine_gone()
 
-    def _emit(self, action: str, code: str, endpoint_id: int, pid: int) -> None:
+    def on_engine_gone(self) -> None:
+        """Clear what was reported of engines that no longer run (stopped, dead, replaced): a
+        fault of a process that is gone would keep the node out of assembly for good, as the
+        suicide watch's would (found by the simulator, tests/sim, seed 1217)."""
+        live = {(ep.spec.id, ep.proc.pid) for ep in self.engines.endpoints.values() if ep.live}
+        for key in [k for k in self.trackers if k not in live]:
+            tracker = self.trackers.pop(key)
+            if tracker.reported is not None:
+                self._emit("clear", tracker.reported, *key, reason="the engine is gone: its fault with it")
+
+    def _emit(
+        self, action: str, code: str, endpoint_id: int, pid: int, reason: str = "engine reports healthy"
+    ) -> None:
         node = self.settings.node_id
         source = f"nodeagent/{node}"
         fault_id = derive_id("fault", node, endpoint_id, pid, code)
         if action == "clear":
-            cleared = FaultClearedData(fault_id=fault_id, node_id=node, reason="engine reports healthy")
-            self.post(FaultCleared(id=new_id(), ts=time.time(), source=source, data=cleared))
+            cleared = FaultClearedData(fault_id=fault_id, node_id=node, reason=reason)
+            self.post(FaultCleared(id=new_id(), ts=self.clock(), source=source, data=cleared))
             return
         self.metrics.faults.labels(node, code).inc()
         data = FaultReportedData(
@@ -150,4 +164,4 @@ class FaultReporter:
             instance_id=self.engines.instance_id,
             endpoint_id=endpoint_id,
         )
-        self.post(FaultReported(id=new_id(), ts=time.time(), source=source, data=data))
+        self.post(FaultReported(id=new_id(), ts=self.clock(), source=source, data=data))

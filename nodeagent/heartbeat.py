@@ -16,43 +16,45 @@ import logging
 import time
 from collections.abc import Callable
 
-import aiohttp
-from nats.aio.client import Client
 from nats.errors import Error as NatsError
 
 from core.events import EndpointLoad, EndpointStatus, Heartbeat, HeartbeatData
 from core.ids import new_id
 from nodeagent.backends import backend_for
 from nodeagent.engines import Endpoint, Engines
-from nodeagent.loadmetrics import Load, scrape
+from nodeagent.host import EngineHost
+from nodeagent.loadmetrics import Load
 from nodeagent.metrics import AgentMetrics
 from nodeagent.settings import AgentSettings
-from streams.cancelling import honour_swallowed_cancel
 from streams.errors import StreamsError
-from streams.publisher import Publisher
+from streams.log import Log
 
 log = logging.getLogger(__name__)
 
 _SCRAPED = (EndpointStatus.READY, EndpointStatus.ABNORMAL)
-JS_INFO = "$JS.API.INFO"  # the cheapest question JetStream answers
 
 
 class Heartbeats:
     def __init__(
         self,
         settings: AgentSettings,
-        nc: Client,
-        session: aiohttp.ClientSession,
+        motor: Log,
+        host: EngineHost,
         engines: Engines,
         metrics: AgentMetrics,
         snapshot_pending: Callable[[], bool],
+        *,
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.nc = nc
+        self.motor = motor
         self.settings = settings
         # A beat waits for its ack at most two intervals: a later beat says more than a late ack.
         ack_timeout = max(1.0, 2 * settings.heartbeat_interval)
-        self.publisher = Publisher(nc.jetstream(), ack_timeout=ack_timeout)
-        self.session = session
+        self.publisher = motor.publisher(ack_timeout=ack_timeout)
+        self.host = host
+        self.clock = clock
+        self.monotonic = monotonic
         self.engines = engines
         self.metrics = metrics
         self.snapshot_pending = snapshot_pending
@@ -63,15 +65,15 @@ class Heartbeats:
     async def run(self) -> None:
         interval = self.settings.heartbeat_interval
         while True:
-            started = time.monotonic()
+            started = self.monotonic()
             await self.beat()
-            await asyncio.sleep(max(0.0, interval - (time.monotonic() - started)))
+            await asyncio.sleep(max(0.0, interval - (self.monotonic() - started)))
 
     async def _load(self, ep: Endpoint) -> Load | None:
         if not ep.live or not ep.serves_http or ep.status not in _SCRAPED:
             return None
         timeout = min(self.settings.heartbeat_interval, 2.0)
-        load = await scrape(self.session, ep.url("/metrics"), timeout)
+        load = await self.host.load(ep.url("/metrics"), timeout)
         if load is not None:
             ep.load = load
         return load
@@ -115,7 +117,7 @@ class Heartbeats:
                 log.warning("NATS away: heartbeats dropped until it answers")
             self._failing = True
             return
-        hb = Heartbeat(id=new_id(), ts=time.time(), source=f"nodeagent/{node}", data=data)
+        hb = Heartbeat(id=new_id(), ts=self.clock(), source=f"nodeagent/{node}", data=data)
         try:
             await self.publisher.publish(hb)
         except (StreamsError, NatsError, OSError) as exc:
@@ -131,16 +133,8 @@ class Heartbeats:
 
     async def nats_answers(self) -> bool:
         """Connected, and (after a failed beat) answering a PING within one interval."""
-        if not self.nc.is_connected:
+        if not self.motor.connected:
             return False
         if not self._failing:
             return True
-        # A request, not `nc.flush()`: nats-py leaves a flush that timed out in its PONG queue,
-        # and the late PONG then kills the client's read loop for good.
-        try:
-            await self.nc.request(JS_INFO, b"", timeout=max(1.0, self.settings.heartbeat_interval))
-        except (NatsError, TimeoutError, OSError):
-            return False
-        finally:
-            honour_swallowed_cancel()  # the request's wait_for may have eaten the agent's cancel
-        return True
+        return await self.motor.answers(max(1.0, self.settings.heartbeat_interval))

@@ -22,7 +22,7 @@ from nats.errors import Error as NatsError
 from core.events import EventBase
 from nodeagent.metrics import AgentMetrics
 from streams.errors import PublishFailed, StreamsError
-from streams.publisher import Publisher
+from streams.log import Appends
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ REJECT_BUDGET = 30.0
 class Outbox:
     def __init__(
         self,
-        publisher: Publisher,
+        publisher: Appends,
         metrics: AgentMetrics,
         *,
         max_backoff: float = 5.0,

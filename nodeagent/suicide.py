@@ -59,6 +59,7 @@ class SuicideWatch:
     post: Callable[[EventBase], object]
     metrics: AgentMetrics
     start_seq: Callable[[], int]  # the start command the engines answer: a new one resets
+    clock: Callable[[], float] = time.time  # wall time of the events (the simulator's, in tests/sim)
     streak: AbnormalStreak | None = None
     declared: str | None = None  # fault id while the node is declared failed
     _seq: int = -1
@@ -107,7 +108,7 @@ class SuicideWatch:
             instance_id=hb.instance_id,
             kind="software",
         )
-        self.post(FaultReported(id=new_id(), ts=time.time(), source=f"nodeagent/{self.node_id}", data=data))
+        self.post(FaultReported(id=new_id(), ts=self.clock(), source=f"nodeagent/{self.node_id}", data=data))
         self.declared = fault_id
 
     def _clear(self) -> None:
@@ -116,14 +117,18 @@ class SuicideWatch:
         data = FaultClearedData(
             fault_id=self.declared, node_id=self.node_id, reason="engines stopped: the node is fresh again"
         )
-        self.post(FaultCleared(id=new_id(), ts=time.time(), source=f"nodeagent/{self.node_id}", data=data))
+        self.post(FaultCleared(id=new_id(), ts=self.clock(), source=f"nodeagent/{self.node_id}", data=data))
         self.declared = None
         self.streak.count = 0
         self.metrics.abnormal_streak.labels(self.node_id).set(0)
 
 
 def suicide_watch(
-    settings: AgentSettings, engines: Engines, post: Callable[[EventBase], object], metrics: AgentMetrics
+    settings: AgentSettings,
+    engines: Engines,
+    post: Callable[[EventBase], object],
+    metrics: AgentMetrics,
+    clock: Callable[[], float] = time.time,
 ) -> SuicideWatch:
     """The watch for this agent: its node, the configured threshold, its engines' start."""
     return SuicideWatch(
@@ -132,4 +137,5 @@ def suicide_watch(
         post,
         metrics,
         lambda: engines.start_seq,
+        clock,
     )

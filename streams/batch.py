@@ -18,12 +18,14 @@ one message at a time, each awaiting its ack, deduplicated as `Publisher.publish
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
 import orjson
 from nats.js.errors import APIError
+
+from streams.errors import StreamsError
 
 BATCH_ID = "Nats-Batch-Id"
 BATCH_SEQUENCE = "Nats-Batch-Sequence"
@@ -35,6 +37,8 @@ BATCH_TOO_LARGE = 10199
 NOT_AS_A_BATCH = frozenset({DUPLICATE_IN_BATCH, ATOMIC_DISABLED, BATCH_TOO_LARGE})
 
 T = TypeVar("T")
+
+Outcomes = list[int | StreamsError]
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +61,38 @@ def chunks(items: Sequence[T], size: int) -> Iterator[Sequence[T]]:
     """`items` in consecutive slices of at most `size`."""
     for i in range(0, len(items), size):
         yield items[i : i + size]
+
+
+async def publish_in_chunks(
+    items: Sequence[T],
+    *,
+    atomic: Callable[[Sequence[T]], Awaitable[Outcomes | None]],
+    one: Callable[[T], Awaitable[int]],
+    go_on: Callable[[], bool] | None = None,
+) -> Outcomes:
+    """Every outcome in order: each chunk of at most ATOMIC_LIMIT as one atomic batch
+    (`atomic`; None: the stream will not take it as a batch), else one by one (`one`, each
+    awaiting its ack). Nothing more is sent once `go_on()` is false or a chunk failed, so the
+    list may end early. Both logs' publishers share it, so they fall back alike."""
+    out: Outcomes = []
+    for chunk in chunks(items, ATOMIC_LIMIT):
+        if go_on is not None and not go_on():
+            break
+        got = await atomic(chunk) if len(chunk) > 1 else None
+        if got is None:
+            got = []
+            for i, item in enumerate(chunk):
+                if i and go_on is not None and not go_on():
+                    break
+                try:
+                    got.append(await one(item))
+                except StreamsError as exc:
+                    got.append(exc)
+                    break
+        out += got
+        if len(got) < len(chunk) or not all(isinstance(o, int) for o in got):
+            break
+    return out
 
 
 def read_batch_ack(raw: bytes, count: int) -> tuple[str, tuple[int, ...]] | BatchRefused | APIError | str:

@@ -13,13 +13,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from nats.js import JetStreamContext
-from nats.js.errors import BucketNotFoundError, KeyDeletedError, KeyNotFoundError
-from nats.js.errors import Error as JsError
 
 from core.state import ClusterState, state_from_dict, state_to_dict
 from streams.definitions import CHECKPOINT_BUCKET
-from streams.errors import CheckpointError
+from streams.errors import CheckpointError, StreamsError
+from streams.log import BucketMissing, Log
 
 FORMAT = 1
 _KEY = re.compile(r"^[-/_=.a-zA-Z0-9]+$")
@@ -66,35 +64,32 @@ def decode_checkpoint(value: bytes) -> ClusterState:
     return decode_checkpoint_origin(value)[0]
 
 
-async def save_checkpoint(
-    js: JetStreamContext, key: str, state: ClusterState, origin: Origin | None = None
-) -> None:
+async def save_checkpoint(log: Log, key: str, state: ClusterState, origin: Origin | None = None) -> None:
     """Store `state` (folded up to `state.last_seq`) under `key`."""
     value = encode_checkpoint(state, origin)
     try:
-        kv = await js.key_value(CHECKPOINT_BUCKET)
-        await kv.put(_check_key(key), value)
-    except BucketNotFoundError:
+        await log.kv(CHECKPOINT_BUCKET).put(_check_key(key), value)
+    except BucketMissing:
         raise CheckpointError(f"KV bucket {CHECKPOINT_BUCKET} missing (run ensure_streams)") from None
-    except JsError as exc:
+    except CheckpointError:
+        raise
+    except StreamsError as exc:
         raise CheckpointError(f"cannot save checkpoint {key!r} ({len(value)} bytes): {exc}") from None
 
 
-async def load_checkpoint(js: JetStreamContext, key: str) -> ClusterState | None:
+async def load_checkpoint(log: Log, key: str) -> ClusterState | None:
     """The last checkpoint under `key`, or None if there is none."""
-    found = await load_checkpoint_origin(js, key)
+    found = await load_checkpoint_origin(log, key)
     return found[0] if found is not None else None
 
 
-async def load_checkpoint_origin(js: JetStreamContext, key: str) -> tuple[ClusterState, Origin] | None:
-    """The last checkpoint under `key` and the log it came from, or None if there is none."""
+async def load_checkpoint_origin(log: Log, key: str) -> tuple[ClusterState, Origin] | None:
+    """The last checkpoint under `key` and the log it came from, or None if there is none
+    (never saved, or deleted to force a full replay)."""
     try:
-        kv = await js.key_value(CHECKPOINT_BUCKET)
-        entry = await kv.get(_check_key(key))
-    except BucketNotFoundError:
+        entry = await log.kv(CHECKPOINT_BUCKET).get(_check_key(key))
+    except BucketMissing:
         raise CheckpointError(f"KV bucket {CHECKPOINT_BUCKET} missing (run ensure_streams)") from None
-    except (KeyNotFoundError, KeyDeletedError):  # never saved, or deleted to force a full replay
-        return None
-    if entry.value is None:
+    if entry is None:
         return None
     return decode_checkpoint_origin(entry.value)

@@ -20,7 +20,7 @@ import contextlib
 import logging
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any, NamedTuple
+from typing import Any
 
 import orjson
 from nats.aio.client import Client
@@ -31,34 +31,16 @@ from nats.errors import TimeoutError as NatsTimeoutError
 from core.ids import new_id
 from streams.cancelling import honour_swallowed_cancel
 from streams.errors import StreamsError
+from streams.log import API_TIMEOUT, Delivery, StreamMissing, StreamReplaced
 from streams.rawsub import Frame
 from streams.sinks import Sink, open_sink
 
 log = logging.getLogger(__name__)
 
-API_TIMEOUT = 5.0
 STREAM_NOT_FOUND = 10059
 # Longest wait between two tries to recreate a consumer: bounds how long delivery stays off
 # after NATS comes back.
 MAX_RETRY_DELAY = 2.0
-
-
-class Delivery(NamedTuple):
-    """One stream message as delivered: its sequence, time, subject and raw body."""
-
-    seq: int
-    pending: int  # matching messages left in the stream after this one, at delivery time
-    ts_ns: int  # stream timestamp, nanoseconds since the epoch
-    subject: str
-    data: bytes
-
-
-class StreamMissing(StreamsError):
-    """The stream to read does not exist."""
-
-
-class StreamReplaced(StreamsError):
-    """The stream was deleted and created again: its sequences are not the ones read so far."""
 
 
 async def js_api(

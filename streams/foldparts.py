@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from streams.consumer import PushConsumer
+from streams.log import Ordered
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,9 +43,10 @@ class Lane:
         self.missing = False  # the watcher found no stream at its last check
         self.back = asyncio.Event()
         self.created: str | None = None
-        self.consumer: PushConsumer | None = None
+        self.consumer: Ordered | None = None
         self.task: asyncio.Task[None] | None = None
         self.resets = 0  # of consumers already closed
+        self.reconnects = 0  # the connection's reconnects when its consumer was last made
 
     @property
     def delivering(self) -> bool:

@@ -43,6 +43,36 @@ def parse_time(text: str | None) -> float | None:
     return datetime.fromisoformat(m.group(1) + frac + zone).timestamp()
 
 
+def parse_time_ns(text: str | None) -> int:
+    """Nanoseconds since the epoch of a JetStream RFC 3339 time, exactly (0 if unset)."""
+    if not text or text.startswith("0001-"):
+        return 0
+    m = _RFC3339.match(text)
+    if not m:
+        return 0
+    zone = "+00:00" if m.group(3) == "Z" else m.group(3)
+    whole = int(datetime.fromisoformat(m.group(1) + zone).timestamp())
+    frac = (m.group(2) or ".0")[1:]
+    return whole * 1_000_000_000 + int(frac[:9].ljust(9, "0"))
+
+
+def overwritten(seq: int, folded_ts_ns: int, stored_ts_ns: int | None) -> Loss | None:
+    """Why the stream's message at `seq` is not the one folded there, or None.
+
+    A lost tail that new messages wrote over before anyone looked leaves the last sequence
+    where it was, so `LossDetector.observe` cannot see it; but the message now at a folded
+    sequence was stored at another time. (A message missing altogether is a purge or an
+    age-out, which `observe` tells apart.)
+    """
+    if stored_ts_ns is None or not folded_ts_ns or stored_ts_ns == folded_ts_ns:
+        return None
+    text = (
+        f"stream's message at seq {seq} is not the one folded (stored {stored_ts_ns / 1e9:.6f}, folded one "
+        f"{folded_ts_ns / 1e9:.6f}): its tail was lost and written over"
+    )
+    return Loss("rewound", text)
+
+
 @dataclass(frozen=True, slots=True)
 class StreamView:
     """What one STREAM.INFO said, in the units the rules use."""

@@ -27,14 +27,7 @@ from core.codec import encode
 from core.events import EventBase
 from core.ids import new_id
 from streams.ackjournal import AckJournal
-from streams.batch import (
-    ATOMIC_DISABLED,
-    ATOMIC_LIMIT,
-    BatchRefused,
-    batch_headers,
-    chunks,
-    read_batch_ack,
-)
+from streams.batch import ATOMIC_DISABLED, BatchRefused, batch_headers, publish_in_chunks, read_batch_ack
 from streams.cancelling import honour_swallowed_cancel
 from streams.errors import PublishFailed, PublishTimeout, SequenceConflict, StreamsError
 
@@ -140,44 +133,21 @@ class Publisher:
         time (`streams.batch`); return every outcome in order: the stream sequence, or the
         error. Nothing more is sent once `go_on()` is false or a chunk failed, so the list may
         end early."""
-        out: list[int | StreamsError] = []
-        for chunk in chunks(events, ATOMIC_LIMIT):
-            if go_on is not None and not go_on():
-                break
-            got = None
-            if len(chunk) > 1 and self._atomic is not False:
-                got = await self._atomic_batch(chunk, expected_last_subject_seq, expected_subject)
-            if got is None:  # one message, or the stream takes no batch of these: one at a time
-                got = await self._one_by_one(chunk, expected_last_subject_seq, expected_subject, go_on)
-            out += got
-            if len(got) < len(chunk) or not all(isinstance(o, int) for o in got):
-                break
-        return out
-
-    async def _one_by_one(
-        self,
-        events: Sequence[EventBase],
-        expected: int | None,
-        guard: str | None,
-        go_on: Callable[[], bool] | None,
-    ) -> list[int | StreamsError]:
-        out: list[int | StreamsError] = []
-        for i, event in enumerate(events):
-            if i and go_on is not None and not go_on():
-                break
-            try:
-                out.append(
-                    await self.publish(event, expected_last_subject_seq=expected, expected_subject=guard)
-                )
-            except StreamsError as exc:
-                out.append(exc)
-                break
-        return out
+        return await publish_in_chunks(
+            events,
+            atomic=lambda chunk: self._atomic_batch(chunk, expected_last_subject_seq, expected_subject),
+            one=lambda event: self.publish(
+                event, expected_last_subject_seq=expected_last_subject_seq, expected_subject=expected_subject
+            ),
+            go_on=go_on,
+        )
 
     async def _atomic_batch(
         self, events: Sequence[EventBase], expected: int | None, guard: str | None
     ) -> list[int | StreamsError] | None:
         """One atomic batch, one ack; None when the stream refuses it as a batch."""
+        if self._atomic is False:
+            return None
         nc: Client = self.js._nc
         batch_id = new_id()
         last = len(events) - 1

@@ -61,6 +61,7 @@ from nodeagent.settings import AgentSettings
 from streams.connection import connect
 from streams.definitions import ensure_streams
 from streams.errors import StreamsError
+from streams.jetstream import JetStreamLog
 from streams.publisher import Publisher
 from streams.retry import until_done
 
@@ -159,7 +160,7 @@ class SimNode:
         self._outbox = Outbox(Publisher(js), self.metrics)
         self._outbox.start()
         consumer = self._consumer = CommandConsumer(
-            nc,
+            JetStreamLog(nc),
             self.node_id,
             self.handle,
             self.refuse,

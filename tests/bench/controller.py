@@ -58,6 +58,7 @@ from core.events import (
     Role,
 )
 from core.ids import derive_id
+from streams.jetstream import JetStreamLog
 
 ROOT = Path(__file__).resolve().parents[2]
 T0 = time.time() - 3600
@@ -321,7 +322,7 @@ async def bench_cold_start(url: str, events: int, nodes: int, tail: int, out: di
     out["events"] = events
     out["cold_start_s"], state = await cold_start(url, cfg, "cold")
     out["cold_start_s"] = round(out["cold_start_s"], 3)
-    await save_checkpoint(js, "controller", state)
+    await save_checkpoint(JetStreamLog.of(js), "controller", state)
     rng = random.Random(5)
     tail_events = (
         EndpointStatusChanged(

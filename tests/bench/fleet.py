@@ -42,6 +42,7 @@ from core.config import ClusterConfig, config_from_dict
 from core.events import InstanceAssembled, InstanceState, InstanceStateChanged, NodeRegistered
 from core.reducer import apply
 from core.state import ClusterState
+from streams.jetstream import JetStreamLog
 from streams.reader import Record
 from tests.bench import _measure as m
 from tests.bench._procs import Proc, free_port, raise_fd_limit, readline, spawn, until
@@ -160,7 +161,7 @@ class Bench:
         await nats.start()
         nc = await connect(nats.url, name="bench-fleet")
         http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30))
-        fold = LiveFold(nc, self.watch.apply, name="bench-fleet")
+        fold = LiveFold(JetStreamLog(nc), self.watch.apply, name="bench-fleet")
         try:
             await ensure_streams(nc.jetstream(), self.cfg.nats, lease_ttl=self.cfg.controller.lease_ttl)
             await fold.start()

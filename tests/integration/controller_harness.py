@@ -25,6 +25,7 @@ from nats.aio.client import Client
 
 from core.events import EventBase
 from core.ids import new_id
+from streams.jetstream import JetStreamLog
 from streams.livefold import LiveFold
 from streams.lostlog import Loss
 from streams.reader import Record
@@ -142,7 +143,9 @@ class LogTail:
         self.losses: list[Loss] = []
         self._changed = asyncio.Event()
         self._floor = 0  # after a purge: sequences at or below this were tailed already
-        self._fold = LiveFold(nc, self._apply, on_lost=self._lost, name="test-tail", check_interval=0.5)
+        self._fold = LiveFold(
+            JetStreamLog(nc), self._apply, on_lost=self._lost, name="test-tail", check_interval=0.5
+        )
 
     async def start(self) -> LogTail:
         await self._fold.start()

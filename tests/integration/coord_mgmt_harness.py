@@ -26,6 +26,7 @@ from coordinator.feed import follow_log
 from coordinator.mgmt import create_mgmt_app
 from core.coordconfig import CoordinatorConfig
 from core.events import EventBase
+from streams.jetstream import JetStreamLog
 from streams.livefold import LiveFold
 from streams.publisher import Publisher
 
@@ -75,7 +76,7 @@ async def running_mgmt(
     ctx = CoordinatorContext(
         settings=settings or CoordinatorConfig(), publisher=publisher, source="coordinator/t"
     )
-    fold = follow_log(ctx, nc, name="coordinator/t") if follow else None
+    fold = follow_log(ctx, JetStreamLog(nc), name="coordinator/t") if follow else None
     if fold is not None:
         await fold.start()
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

@@ -33,6 +33,7 @@ from core.reducer import apply
 from core.state import ClusterState, state_to_dict
 from streams.checkpoint import load_checkpoint
 from streams.definitions import MOTOR_STREAM
+from streams.jetstream import JetStreamLog
 from streams.publisher import Publisher
 from streams.reader import Range, read_range
 from streams.server import EmbeddedNats
@@ -151,7 +152,7 @@ async def test_checkpoint_then_tail_gives_the_state_of_a_full_replay(
     async with running(ControllerService(config, controller_id="c1", nats_urls=[nats_server.url])) as svc:
         await wait_for(lambda: svc.leader and len(svc.state.instances) == 3 and svc.checkpoint_seq > 0)
         saved = svc.checkpoint_seq
-    cp = await load_checkpoint(js, "controller")
+    cp = await load_checkpoint(JetStreamLog.of(js), "controller")
     assert cp is not None and cp.last_seq >= saved  # a later one may have landed before the stop
     saved = cp.last_seq
     await pub.publish(registration("late", "10.1.0.9"))  # the tail
@@ -181,14 +182,14 @@ async def test_a_checkpoint_ahead_of_the_log_is_set_aside_for_the_log(
     await pub.publish(registration("real", "10.3.0.1"))
     last = await stream_last_seq(nc, MOTOR_STREAM)
     ghost = apply(ClusterState(), registration("ghost", "10.3.0.9"), last + 1_000_000)
-    await save_checkpoint(js, "controller", ghost)
+    await save_checkpoint(JetStreamLog.of(js), "controller", ghost)
     try:
         async with running(ControllerService(cfg(), controller_id="c1", nats_urls=[nats_server.url])) as svc:
             assert svc.fold.complete  # folded from the first sequence, not from the checkpoint
             assert "real" in svc.state.nodes and "ghost" not in svc.state.nodes
     finally:
         kv = await js.key_value(CHECKPOINT_BUCKET)
-        cp = await load_checkpoint(js, "controller")
+        cp = await load_checkpoint(JetStreamLog.of(js), "controller")
         if cp is not None and "ghost" in cp.nodes:
             await kv.delete("controller")
 
@@ -206,7 +207,7 @@ async def test_a_deposed_leaders_late_write_is_fenced_even_on_a_subject_nobody_e
         fence = svc._appender.fence
     inst = stale.instances[1]
     node = stale.nodes["n1"]
-    appender = Appender(js, Fold(stale), ControllerMetrics("old"))
+    appender = Appender(JetStreamLog.of(js), Fold(stale), ControllerMetrics("old"))
     appender.fence = fence
     old = Ctx.build(stale, config, time.time(), source="controller/old")
     # Still the last to have announced itself: its write lands.
@@ -269,7 +270,7 @@ async def test_a_batch_of_decisions_goes_out_before_the_first_ack(nc: Client, js
         state = apply(state, registration(f"n{i}", f"10.3.0.{i + 1}"), i + 1)
     ctx = Ctx.build(state, cfg(), time.time(), source="controller/t")
     decisions = [ctx.stop(state.nodes[f"n{i}"], None, Cause(i + 1, "r", "test")) for i in range(10)]
-    appender = Appender(js, Fold(state), ControllerMetrics("t"))
+    appender = Appender(JetStreamLog.of(js), Fold(state), ControllerMetrics("t"))
     appender.fence = 1
     appender.publisher.ack_timeout = 3.0
     await js.delete_stream(MOTOR_STREAM)

@@ -19,6 +19,7 @@ from nats.js import JetStreamContext
 from core.config import config_from_dict
 from core.events import CommandApplied, EndpointStatus, Heartbeat, StartCommand
 from streams.definitions import HB_STREAM, MOTOR_STREAM
+from streams.jetstream import JetStreamLog
 from streams.livefold import LiveFold
 from streams.permissions import durable_name
 from streams.reader import Record, read_range
@@ -43,7 +44,7 @@ async def test_twenty_simulated_nodes_are_assembled_by_a_real_controller_until_e
     path = tmp_path / "fleet.json"
     path.write_bytes(orjson.dumps(raw))
     watch = LogWatch(NODES, instances)
-    fold = LiveFold(nc, watch.apply, name="test-fleet")
+    fold = LiveFold(JetStreamLog(nc), watch.apply, name="test-fleet")
     await fold.start()
     controller = Controller(tmp_path, path, nats_server.url).start()
     fleet = Fleet(cfg, plan, nats_server.url)

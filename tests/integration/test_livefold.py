@@ -21,6 +21,7 @@ from core.events import Heartbeat, HeartbeatData
 from core.ids import new_id
 from streams.connection import connect
 from streams.definitions import HB_STREAM, MOTOR_STREAM, ensure_streams
+from streams.jetstream import JetStreamLog
 from streams.livefold import LiveFold
 from streams.lostlog import Loss
 from streams.poison import Skipped
@@ -93,7 +94,7 @@ async def until(pred: Callable[[], bool], within: float = DEADLINE) -> None:
 def fold_of(nc: Client, sink: Sink, **kw: Any) -> LiveFold:
     kw.setdefault("check_interval", 0.3)
     kw.setdefault("idle_heartbeat", 0.5)
-    return LiveFold(nc, sink.apply, on_lost=sink.on_lost, on_skip=sink.on_skip, **kw)
+    return LiveFold(JetStreamLog(nc), sink.apply, on_lost=sink.on_lost, on_skip=sink.on_skip, **kw)
 
 
 async def test_poison_events_are_skipped_counted_and_the_fold_goes_on(
@@ -182,7 +183,12 @@ async def test_nats_killed_and_restarted_later_the_fold_resumes_without_gap(
         await js.publish(subjects.heartbeat("n1"), encode(heartbeat("n1")))
         sink = Sink()
         fold = LiveFold(
-            nc, sink.apply, heartbeats=sink.beat, on_lost=sink.on_lost, check_interval=0.3, idle_heartbeat=0.5
+            JetStreamLog(nc),
+            sink.apply,
+            heartbeats=sink.beat,
+            on_lost=sink.on_lost,
+            check_interval=0.3,
+            idle_heartbeat=0.5,
         )
         await fold.start()
         await asyncio.wait_for(fold.caught_up.wait(), DEADLINE)

@@ -21,6 +21,7 @@ from streams.ackjournal import AckJournal, audit, event_id, read_journal
 from streams.connection import connect
 from streams.definitions import MOTOR_STREAM, ensure_streams, stream_configs
 from streams.errors import StreamsError
+from streams.jetstream import JetStreamLog
 from streams.placement import StreamPlacement, stream_placement
 from streams.publisher import Publisher
 from streams.reader import read_deliveries
@@ -189,7 +190,7 @@ async def test_the_heartbeat_stream_without_a_leader_deafens_the_controller_unti
     try:
         await ensure_streams(nc.jetstream(), NatsConfig(replicas=3))
         await _step_down_to(nc, HB_STREAM, "n1")
-        path = HeartbeatPath(nc, time.time, every=0.2, answer_within=1.0)
+        path = HeartbeatPath(JetStreamLog(nc), time.time, every=0.2, answer_within=1.0)
         assert await path.probe() and not path.down
         await cluster3.server("n1").kill()  # the heartbeat stream's leader: none until elected
         deadline = time.monotonic() + 10

@@ -57,8 +57,9 @@ from nodeagent.commands import durable_name
 from streams.checkpoint import load_checkpoint, save_checkpoint
 from streams.connection import NatsOptions, connect
 from streams.credentials import PASSWORD_ENV, USER_ENV
-from streams.definitions import HB_STREAM, MOTOR_STREAM, ensure_streams
+from streams.definitions import HB_STREAM, LEADER_BUCKET, MOTOR_STREAM, ensure_streams
 from streams.errors import NatsUnavailable, PublishTimeout
+from streams.jetstream import JetStreamLog
 from streams.publisher import Publisher
 from streams.reader import Follower
 from streams.server import EmbeddedNats
@@ -387,13 +388,13 @@ async def test_the_controller_sends_commands_and_decisions_and_holds_the_lease(
     assert all(isinstance(seq, int) and seq > 0 for seq in batch), batch
     last = await js.get_last_msg(MOTOR_STREAM, subjects.command("n1", "start"))  # the appender's guard
     assert last.seq > 0
-    lease = Lease(js, "c1", ttl=5.0)
+    lease = Lease(JetStreamLog.of(js).kv(LEADER_BUCKET), "c1", ttl=5.0)
     assert await lease.acquire(term=1)
     assert await lease.renew()
     assert (await lease.holder()) is not None
     await lease.release()
-    await save_checkpoint(js, "controller-test", ClusterState(last_seq=3))
-    assert (await load_checkpoint(js, "controller-test")) is not None
+    await save_checkpoint(JetStreamLog.of(js), "controller-test", ClusterState(last_seq=3))
+    assert (await load_checkpoint(JetStreamLog.of(js), "controller-test")) is not None
     motor, hb = await follows(ctl, MOTOR_STREAM), await follows(ctl, HB_STREAM)
     await motor.close()
     await hb.close()

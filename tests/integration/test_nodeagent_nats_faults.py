@@ -39,12 +39,14 @@ from nodeagent.commands import Command, CommandConsumer
 from nodeagent.engines import Engines
 from nodeagent.errors import Refusal
 from nodeagent.heartbeat import Heartbeats
+from nodeagent.host import ProcessHost
 from nodeagent.metrics import AgentMetrics
 from nodeagent.outbox import Outbox
 from nodeagent.settings import AgentSettings
 from streams.connection import connect
 from streams.definitions import MOTOR_STREAM, ensure_streams
 from streams.errors import PublishFailed, StreamsError
+from streams.jetstream import JetStreamLog
 from streams.publisher import Publisher
 from streams.server import EmbeddedNats
 from tests.integration.nodeagent_harness import (
@@ -241,7 +243,7 @@ async def test_an_ack_that_times_out_does_not_end_the_command_consumer(own_nats:
         raise AssertionError(f"nothing is refused here: {refusal}")
 
     metrics = AgentMetrics("n1")
-    consumer = CommandConsumer(nc, "n1", handle, refuse, metrics, ack_wait=30.0)
+    consumer = CommandConsumer(JetStreamLog(nc), "n1", handle, refuse, metrics, ack_wait=30.0)
     await consumer.subscribe()
     run = asyncio.create_task(consumer.run())
     try:
@@ -285,8 +287,9 @@ async def test_heartbeats_are_dropped_while_nats_is_away_and_the_first_after_is_
     settings = _settings(tmp_path)
     metrics = AgentMetrics("hb1")
     async with aiohttp.ClientSession() as session:
-        engines = Engines(settings, session, lambda c: None)
-        beats = Heartbeats(settings, nc, session, engines, metrics, lambda: False)
+        host = ProcessHost(session)
+        engines = Engines(settings, host, lambda c: None)
+        beats = Heartbeats(settings, JetStreamLog(nc), host, engines, metrics, lambda: False)
         run = asyncio.create_task(beats.run())
         try:
             await fresh_heartbeat(nc, "hb1", time.time())

@@ -18,6 +18,7 @@ from streams.checkpoint import load_checkpoint, save_checkpoint
 from streams.consumer import StreamMissing
 from streams.definitions import HB_STREAM, MOTOR_STREAM, ensure_streams
 from streams.errors import StreamsError
+from streams.jetstream import JetStreamLog
 from streams.publisher import Publisher
 from streams.reader import Follower, Range, Record, read_range
 from streams.replay import export_jsonl, fold_jsonl, fold_stream, import_jsonl
@@ -90,10 +91,10 @@ async def test_checkpoint_plus_tail_equals_full_replay(js: JetStreamContext, nc:
     events = list(workload(400))
     await _publish(js, events[:250])
     head, _ = await fold_stream(nc)
-    await save_checkpoint(js, "controller", head)
+    await save_checkpoint(JetStreamLog.of(js), "controller", head)
     await _publish(js, events[250:])
 
-    loaded = await load_checkpoint(js, "controller")
+    loaded = await load_checkpoint(JetStreamLog.of(js), "controller")
     assert loaded is not None and loaded.last_seq == 250
     resumed, tail_stats = await fold_stream(nc, state=loaded)
     full, full_stats = await fold_stream(nc)

@@ -165,3 +165,21 @@ def test_checkpoint_whose_young_events_were_purged_is_stale() -> None:
     assert "purged" in str(stale_checkpoint(80, v, event_ts=NOW - 3600))
     assert stale_checkpoint(80, v, event_ts=NOW - 31 * DAY) is None  # that is age-out
     assert stale_checkpoint(80, v) is None  # an old checkpoint without its origin: cannot tell
+
+
+def test_a_message_written_over_at_a_folded_sequence_is_a_lost_tail() -> None:
+    from streams.lostlog import overwritten
+
+    assert overwritten(25, 1_000, 1_000) is None  # still the message folded
+    assert overwritten(25, 1_000, None) is None  # missing: a purge or an age-out, observe's call
+    assert overwritten(25, 0, 2_000) is None  # its time was never known: nothing to compare
+    loss = overwritten(25, 1_000, 2_000)
+    assert loss is not None and loss.kind == "rewound" and "seq 25" in str(loss)
+
+
+def test_jetstream_times_are_read_to_the_nanosecond() -> None:
+    from streams.lostlog import parse_time_ns
+
+    assert parse_time_ns("2026-01-02T03:04:05.123456789Z") % 1_000_000_000 == 123_456_789
+    assert parse_time_ns("2026-01-02T03:04:05Z") % 1_000_000_000 == 0
+    assert parse_time_ns("0001-01-01T00:00:00Z") == 0 and parse_time_ns(None) == 0
