@@ -106,6 +106,13 @@ def add_arguments(b: argparse.ArgumentParser) -> None:
     f.add_argument(
         "--die-mid-stream", type=int, default=None, metavar="N", help="exit after streaming N tokens"
     )
+    f.add_argument(
+        "--end-stream-after",
+        type=int,
+        default=None,
+        metavar="N",
+        help="end streams cleanly after N tokens with no finish reason",
+    )
     f.add_argument("--ft-status", choices=("healthy", "unhealthy", "dead"), default="healthy")
     f.add_argument("--precision-fault", action="store_true", help="emit NaN-like garbage text")
     h = b.add_argument_group("HTTP limits (defaults: coordinator.http's)")
@@ -137,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
     if args.prefill_tokens_per_s <= 0:
         print("--prefill-tokens-per-s must be > 0", file=sys.stderr)
         return 2
-    for name in ("crash_after", "die_mid_stream"):
+    for name in ("crash_after", "die_mid_stream", "end_stream_after"):
         if getattr(args, name) is not None and getattr(args, name) < 0:
             print(f"--{name.replace('_', '-')} must be >= 0", file=sys.stderr)
             return 2
@@ -184,6 +191,7 @@ def run(args: argparse.Namespace) -> int:
             error_rate=args.error_rate,
             slow_tokens_ms=args.slow_tokens_ms,
             die_mid_stream=args.die_mid_stream,
+            end_stream_after=args.end_stream_after,
             ft_status=args.ft_status,
             precision=args.precision_fault,
         ),

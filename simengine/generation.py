@@ -62,6 +62,7 @@ class Generator:
             self.engine.settings.fast
             and spec.slow_tokens_ms <= 0
             and spec.die_mid_stream is None
+            and spec.end_stream_after is None
             and job.g.bootstrap is None
             and not wants_remote_prefill(job)
         )
@@ -180,13 +181,16 @@ class Generator:
     async def _stream(self, job: Job) -> AsyncIterator[bytes]:
         engine, g, plan = self.engine, job.g, job.plan
         fmt = StreamFormat(g, int(time.time()))
-        finished = False
+        finished = cut = False
         try:
             if g.chat:
                 yield fmt.role()
             last = len(plan.pieces) - 1
             for i, piece in enumerate(plan.pieces):
                 self.faults.check_mid_stream(job.sent)
+                if self.faults.ends_early(job.sent):
+                    cut = True
+                    break
                 if i > 0:
                     gap = engine.itl_seconds()
                     await engine.pause(job, gap)
@@ -198,8 +202,8 @@ class Generator:
                     yield self._chunk(fmt, job, piece, plan.finish_reason, plan.stop_reason, i + 1)
                 elif piece:
                     yield self._chunk(fmt, job, piece, None, None, i + 1)
-            finish, _ = self._finish_reason(job)
-            if finish == "abort":
+            finish, _ = ("abort", None) if cut else self._finish_reason(job)
+            if finish == "abort" and not cut:
                 yield self._chunk(fmt, job, "", "abort", None, job.sent)
             if g.include_usage:
                 yield fmt.usage(usage(job.prompt_len, job.sent, job.cached_tokens))

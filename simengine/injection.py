@@ -43,7 +43,7 @@ def _check(field: str, value: Any) -> Any:
         ):
             raise FaultError("health_status must be an HTTP status (200-599) or null")
         return value
-    if field in ("crash_after", "die_mid_stream"):
+    if field in ("crash_after", "die_mid_stream", "end_stream_after"):
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
             raise FaultError(f"{field} must be a non-negative integer or null")
         return value
@@ -122,6 +122,11 @@ class Faults:
         limit = self.spec.die_mid_stream
         if limit is not None and tokens_sent >= limit:
             die(MID_STREAM_EXIT_CODE, f"die_mid_stream={limit} reached")
+
+    def ends_early(self, tokens_sent: int) -> bool:
+        """Whether a stream ends here without its finish reason (`end_stream_after`)."""
+        limit = self.spec.end_stream_after
+        return limit is not None and tokens_sent >= limit
 
 
 def die(code: int, why: str) -> None:

@@ -41,6 +41,9 @@ class FaultSpec:
     error_rate: float = 0.0  # fraction of /v1 generation requests answered with HTTP 500
     slow_tokens_ms: float = 0.0  # added to every inter-token gap (also in --fast mode)
     die_mid_stream: int | None = None  # the process exits after streaming this many tokens
+    # A stream ends cleanly (usage, [DONE]) after this many tokens with no finish reason, as an
+    # engine that dropped a request mid-generation without saying so
+    end_stream_after: int | None = None
     ft_status: FtStatus = "healthy"  # what /fault_tolerance/status reports
     precision: bool = False  # NaN-like garbage instead of words
 

@@ -150,6 +150,12 @@ async def _fold(
     except BaseException:
         up.close()
         raise
+    if fold.finish is None and fold.error is None:
+        # The stream ended with no finish reason: the engine dropped the answer midway without
+        # saying so. It is not whole: continued elsewhere from what it holds, as a broken one.
+        raise Broken(
+            up, ep, UpstreamError("the engine's stream ended without a finish reason", got_bytes=True)
+        )
     up.release()
     answer_folded(d, fold, ep, prefill)
 

@@ -208,3 +208,57 @@ async def test_short_whole_answer_keeps_the_plain_path(
     finally:
         c.stop()
         eng.stop()
+
+
+CUT = ("--fast", "--end-stream-after", "10")  # streams end cleanly, no finish reason, at 10 tokens
+
+
+@pytest.mark.parametrize("api", ["chat", "completions"])
+async def test_whole_answer_whose_stream_ends_without_finish_reason_is_continued(
+    tmp_path: Path, nats_server: EmbeddedNats, js: JetStreamContext, api: str
+) -> None:
+    """An engine that ends the stream of a folded whole answer without a finish reason dropped
+    the answer: it is continued on another engine, never returned 200 with what it held."""
+    bad = await start_engine(tmp_path, "union", *CUT)
+    good = await start_engine(tmp_path, "union", "--fast")
+    c = await start_coordinator(tmp_path, nats_server.url, policy={"union": "round_robin"})
+    try:
+        path = "chat/completions" if api == "chat" else api
+        async with aiohttp.ClientSession() as s:
+            st, want, _ = await post(s, f"{good.url}/v1/{path}", request(api))
+            assert st == 200, want
+        cluster = Cluster(Publisher(js))
+        await cluster.add(bad)
+        await cluster.add(good)
+        await wait_routable(c)
+        async with aiohttp.ClientSession() as s:
+            for _ in range(2):  # round robin: one of them is served first by the engine that cuts
+                st, resp, _ = await post(s, f"{c.url}/v1/{path}", request(api))
+                assert st == 200, resp
+                assert text_of(api, resp) == text_of(api, want)
+                assert resp["choices"][0]["finish_reason"] == "length"
+                assert resp["usage"]["completion_tokens"] == TOKENS
+            assert any(r["stream"] for r in await seen(s, bad)), "the cutting engine was never asked"
+        assert "continuing elsewhere" in c.log_text()
+    finally:
+        for p in (c, bad, good):
+            p.stop()
+
+
+async def test_whole_answer_whose_only_engine_ends_without_finish_reason_is_an_error(
+    tmp_path: Path, nats_server: EmbeddedNats, js: JetStreamContext
+) -> None:
+    """With no other engine to continue on, the client gets an error, not a 200 holding a
+    third of the answer."""
+    bad = await start_engine(tmp_path, "union", *CUT)
+    c = await start_coordinator(tmp_path, nats_server.url)
+    try:
+        await Cluster(Publisher(js)).add(bad)
+        await wait_routable(c)
+        async with aiohttp.ClientSession() as s:
+            st, resp, _ = await post(s, f"{c.url}/v1/chat/completions", request("chat"))
+        assert 500 <= st <= 599, resp
+        assert "error" in resp and resp["error"]["message"], resp
+    finally:
+        for p in (c, bad):
+            p.stop()
