@@ -17,18 +17,65 @@ import orjson
 DONE = b"[DONE]"
 
 
-def split_events(buf: bytes) -> tuple[list[bytes], bytes]:
-    """Complete SSE events' `data:` payloads in `buf`, and the unfinished rest."""
-    buf = buf.replace(b"\r\n", b"\n")
-    out: list[bytes] = []
-    while True:
-        end = buf.find(b"\n\n")
-        if end < 0:
-            return out, buf
-        block, buf = buf[:end], buf[end + 2 :]
-        data = [line[5:].lstrip(b" ") for line in block.split(b"\n") if line.startswith(b"data:")]
-        if data:
-            out.append(b"\n".join(data))
+# An SSE event longer than this is no engine's token chunk: dropped whole (and counted) rather
+# than buffered without end.
+MAX_EVENT = 8 << 20
+
+
+def _payloads(block: bytes, out: list[bytes]) -> None:
+    data = [line[5:].lstrip(b" ") for line in block.split(b"\n") if line.startswith(b"data:")]
+    if data:
+        out.append(b"\n".join(data))
+
+
+class EventSplitter:
+    """The `data:` payloads of SSE events, from a body fed in pieces: every byte is searched once (the unfinished
+    event is not scanned again from its start with each piece, which made an event that never
+    ends quadratic), and an event past `limit` bytes is dropped whole (`dropped` counts them)
+    instead of growing the buffer without end."""
+
+    __slots__ = ("buf", "cr", "dropped", "limit", "skipping")
+
+    def __init__(self, limit: int = MAX_EVENT) -> None:
+        self.buf = bytearray()
+        self.cr = False  # the last piece ended in "\r": its "\n" may come in the next one
+        self.dropped = 0
+        self.limit = limit
+        self.skipping = False  # inside an event already dropped
+
+    def feed(self, data: bytes) -> list[bytes]:
+        """The payloads of the events this piece completes."""
+        if self.cr:
+            data = b"\r" + data
+            self.cr = False
+        if data.endswith(b"\r"):
+            data = data[:-1]
+            self.cr = True
+        if b"\r" in data:
+            data = data.replace(b"\r\n", b"\n")
+        buf = self.buf
+        start = max(0, len(buf) - 1)  # the rest holds no event end: search only what is new
+        buf += data
+        out: list[bytes] = []
+        pos = 0
+        while (end := buf.find(b"\n\n", start)) >= 0:
+            if self.skipping:
+                self.skipping = False
+            else:
+                _payloads(bytes(buf[pos:end]), out)
+            pos = start = end + 2
+        if pos:
+            del buf[:pos]
+        if len(buf) > self.limit:
+            if not self.skipping:
+                self.skipping = True
+                self.dropped += 1
+            del buf[:-1]  # its last byte may be the first half of its end
+        return out
+
+    def rest(self) -> bytes:
+        """What is buffered of an unfinished event."""
+        return bytes(self.buf) + (b"\r" if self.cr else b"")
 
 
 @dataclass(slots=True)
@@ -45,29 +92,55 @@ class Progress:
 
 def progress_of(decoded: bytes) -> Progress:
     """Recover the text and token count a (chat) completion stream delivered."""
-    events, rest = split_events(decoded)
-    p = Progress(clean=not rest.strip())
-    parts: list[str] = []
-    for data in events:
-        if data.strip() == DONE:
-            p.done = True
-            continue
-        try:
-            obj = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            p.clean = False
-            continue
-        if not isinstance(obj, dict):
-            continue
-        if p.stream_id is None and isinstance(obj.get("id"), str):
-            p.stream_id = obj["id"]
-            p.created = obj.get("created") if isinstance(obj.get("created"), int) else None
-        piece = _text_of(obj)
-        if piece:
-            parts.append(piece)
-            p.tokens += 1
-    p.text = "".join(parts)
-    return p
+    f = ProgressFold()
+    f.feed(decoded)
+    return f.result()
+
+
+class ProgressFold:
+    """`progress_of` folded as a body arrives: a long stream keeps the text it delivered, not
+    its whole body (the SSE framing of a token is ~20 times its text)."""
+
+    __slots__ = ("events", "p", "parts")
+
+    def __init__(self) -> None:
+        self.events = EventSplitter()
+        self.p = Progress()
+        self.parts: list[str] = []
+
+    def feed(self, data: bytes) -> None:
+        p = self.p
+        for data_ in self.events.feed(data):
+            if data_.strip() == DONE:
+                p.done = True
+                continue
+            try:
+                obj = orjson.loads(data_)
+            except orjson.JSONDecodeError:
+                p.clean = False
+                continue
+            if not isinstance(obj, dict):
+                continue
+            if p.stream_id is None and isinstance(obj.get("id"), str):
+                p.stream_id = obj["id"]
+                p.created = obj.get("created") if isinstance(obj.get("created"), int) else None
+            piece = _text_of(obj)
+            if piece:
+                self.parts.append(piece)
+                p.tokens += 1
+
+    def result(self) -> Progress:
+        """What was delivered so far (a new `Progress`; the fold may go on)."""
+        p = self.p
+        ev = self.events
+        return Progress(
+            text="".join(self.parts),
+            tokens=p.tokens,
+            done=p.done,
+            clean=p.clean and not ev.skipping and not ev.dropped and not ev.rest().strip(),
+            stream_id=p.stream_id,
+            created=p.created,
+        )
 
 
 def _text_of(obj: dict[str, Any]) -> str:
@@ -118,14 +191,13 @@ class StreamSplicer:
 
     def __init__(self, p: Progress) -> None:
         self.p = p
-        self.buf = b""
+        self.events = EventSplitter()
         self.done = False
 
     def feed(self, data: bytes) -> bytes:
         """Decoded body bytes of the continuation in, SSE bytes for the client out."""
-        events, self.buf = split_events(self.buf + data)
         out: list[bytes] = []
-        for ev in events:
+        for ev in self.events.feed(data):
             if ev.strip() == DONE:
                 self.done = True
                 out.append(b"data: [DONE]\n\n")

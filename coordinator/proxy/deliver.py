@@ -28,7 +28,7 @@ from coordinator.anthropic import chat_to_message
 from coordinator.anthropic_stream import StreamTranslator
 from coordinator.endpoint import Endpoint
 from coordinator.proxy.ask import Ask
-from coordinator.proxy.continuation import Progress, StreamSplicer
+from coordinator.proxy.continuation import Progress, ProgressFold, StreamSplicer
 from coordinator.proxy.outcome import Broken, Retry
 from coordinator.proxy.upstream import UpstreamConn, UpstreamError
 from coordinator.proxy.wholefold import WholeFold
@@ -45,7 +45,18 @@ from http1 import wire
 class Delivery:
     """What one request's client has been sent, and by which endpoints."""
 
-    __slots__ = ("ask", "committed", "fold", "prefill_by", "resp_body", "served_by", "sink", "status", "ttft")
+    __slots__ = (
+        "ask",
+        "committed",
+        "fold",
+        "prefill_by",
+        "resp_body",
+        "resp_kept",
+        "served_by",
+        "sink",
+        "status",
+        "ttft",
+    )
 
     def __init__(self, ask: Ask, sink: Sink, fold: WholeFold | None = None) -> None:
         self.ask = ask
@@ -57,6 +68,7 @@ class Delivery:
         self.served_by: Endpoint | None = None  # the endpoint whose response the client got
         self.prefill_by: Endpoint | None = None  # its prefill peer in P/D
         self.resp_body: list[bytes] | None = None  # that response's decoded body (the detector's)
+        self.resp_kept: ProgressFold | None = None  # ... what of it an event stream folded first
 
     def send(self, status: int, body: bytes) -> None:
         """Answer with a whole response (committed from here on)."""
@@ -183,7 +195,7 @@ async def _until_end(
         up.close()
         raise
     conn.upstream = None
-    d.served_by, d.prefill_by, d.resp_body = ep, prefill, up.body
+    d.served_by, d.prefill_by, d.resp_body, d.resp_kept = ep, prefill, up.body, up.kept
     up.release()
 
 

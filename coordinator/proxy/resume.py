@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 
 from coordinator.endpoint import Endpoint
-from coordinator.proxy.continuation import Progress, continuation_body, progress_of
+from coordinator.proxy.continuation import Progress, continuation_body
 from coordinator.proxy.deliver import Sink, answer_folded
 from coordinator.proxy.legs import Attempt
 from coordinator.proxy.outcome import Broken
@@ -53,7 +53,7 @@ def on_broken(at: Attempt, b: Broken, prev: Progress | None) -> Next | None:
     d, ask = at.d, at.ask
     if d.fold is not None:
         return _whole_answer_broken(at, d.fold, ep, str(exc))
-    p = progress_of(b"".join(up.body))
+    p = up.progress()
     if prev is not None:
         p.text = prev.text + p.text
         p.tokens += prev.tokens

@@ -3,7 +3,9 @@
 httptools parses a response only to learn its status, headers and where it ends; after the
 proxy commits a response to its client, the engine's bytes are written to the client socket
 from `data_received` as they arrive, framing included, without a task switch per chunk. The
-decoded body is kept alongside, so a stream that dies midway can be continued elsewhere.
+decoded body is kept alongside, so a stream that dies midway can be continued elsewhere; a
+committed event stream keeps it folded (`ProgressFold`: the text it delivered, not its framing)
+once it passes `KEEP_BODY`, so a long generation holds its text, not ~20 times that.
 """
 
 from __future__ import annotations
@@ -14,6 +16,10 @@ from collections.abc import Callable
 from typing import Protocol
 
 import httptools
+
+from coordinator.proxy.continuation import Progress, ProgressFold
+
+KEEP_BODY = 64 << 10  # bytes of a committed event stream's body kept as they came, before folding
 
 
 class UpstreamError(Exception):
@@ -84,8 +90,11 @@ class UpstreamConn(asyncio.Protocol):
         self.got_bytes = False
         self.raw = bytearray()  # bytes before the end of the head is known
         self.body_raw: list[bytes] = []  # raw body bytes (framing included) before commit
-        self.body: list[bytes] = []  # decoded body
+        self.body: list[bytes] = []  # decoded body (since `kept` last folded it)
         self.body_len = 0
+        self.kept: ProgressFold | None = None  # a committed event stream's body folded so far
+        self.unfolded = 0  # bytes of `body` a committed event stream has not folded
+        self.sse = False  # the response is an event stream
         self.error: UpstreamError | None = None
         self.waiter: asyncio.Future[None] | None = None
         self.forward: asyncio.WriteTransport | None = None  # client transport once committed raw
@@ -155,13 +164,33 @@ class UpstreamConn(asyncio.Protocol):
         for n, v in self.headers:
             if n == b"transfer-encoding" and b"chunked" in v.lower():
                 self.chunked = True
+            elif n == b"content-type" and b"event-stream" in v:
+                self.sse = True
 
     def on_body(self, body: bytes) -> None:
         self.body.append(body)
         self.body_len += len(body)
         cb = self.on_data
+        if self.sse and (self.forward is not None or (cb is not None and cb is not _ignore)):
+            self.unfolded += len(body)
+            if self.unfolded > KEEP_BODY:
+                self._fold_body()
         if cb is not None:
             cb(body)
+
+    def _fold_body(self) -> None:
+        kept = self.kept
+        if kept is None:
+            kept = self.kept = ProgressFold()
+        kept.feed(b"".join(self.body))
+        self.body = []
+        self.unfolded = 0
+
+    def progress(self) -> Progress:
+        """What this event stream delivered (its text, tokens, whether it ended cleanly)."""
+        self._fold_body()
+        assert self.kept is not None
+        return self.kept.result()
 
     def on_chunk_header(self) -> None:
         self.chunk_open = True

@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from coordinator.proxy.continuation import DONE, Progress, split_events
+from coordinator.proxy.continuation import DONE, MAX_EVENT, EventSplitter, Progress
 
 # Body fields a continuation cannot honour: the grammar, tool parser or logprobs of the second
 # half would start again at the cut. Such answers stay on the plain whole path.
@@ -77,11 +77,11 @@ class WholeFold:
     """
 
     __slots__ = (
-        "buf",
         "chat",
         "continuable",
         "created",
         "error",
+        "events",
         "extra",
         "fingerprint",
         "finish",
@@ -101,7 +101,7 @@ class WholeFold:
 
     def __init__(self, chat: bool) -> None:
         self.chat = chat
-        self.buf = b""
+        self.events = EventSplitter()
         self.parts: list[str] = []
         self.reasoning: list[str] = []
         self.reasoning_key = "reasoning_content"
@@ -125,8 +125,7 @@ class WholeFold:
 
     def feed(self, data: bytes) -> None:
         """Decoded body bytes of the engine's stream in."""
-        events, self.buf = split_events(self.buf + data)
-        for ev in events:
+        for ev in self.events.feed(data):
             if ev.strip() == DONE:
                 continue
             try:
@@ -135,6 +134,10 @@ class WholeFold:
                 continue
             if isinstance(obj, dict):
                 self._event(obj)
+        if self.events.dropped and self.error is None:
+            # Text was lost with it: the fold is no longer the engine's answer.
+            msg = f"the engine sent a stream event over {MAX_EVENT >> 20} MiB"
+            self.error = {"message": msg, "type": "upstream_error", "code": 502}
 
     def _event(self, obj: dict[str, Any]) -> None:
         err = obj.get("error")
@@ -211,7 +214,7 @@ class WholeFold:
         self.seg_tokens = None
         self.seg_counted = 0
         self.segment += 1
-        self.buf = b""  # an event cut in half: its text never reached the fold
+        self.events = EventSplitter()  # an event cut in half: its text never reached the fold
         return p
 
     # ------------------------------------------------------------------ output

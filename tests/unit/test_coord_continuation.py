@@ -6,12 +6,18 @@ import orjson
 import pytest
 
 from coordinator.proxy.continuation import (
+    EventSplitter,
     Progress,
+    ProgressFold,
     StreamSplicer,
     continuation_body,
     progress_of,
-    split_events,
 )
+
+
+def split_events(buf: bytes) -> tuple[list[bytes], bytes]:
+    s = EventSplitter()
+    return s.feed(buf), s.rest()
 
 
 def chat_chunk(content: str | None, role: bool = False, finish: str | None = None, cid: str = "c1") -> bytes:
@@ -28,6 +34,52 @@ def test_split_events_keeps_the_unfinished_rest() -> None:
     events, rest = split_events(b"data: a\n\ndata: b\r\n\r\ndata: c")
     assert events == [b"a", b"b"]
     assert rest == b"data: c"
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 7, 64])
+def test_event_splitter_fed_in_pieces_of_any_size(size: int) -> None:
+    body = b"data: a\n\ndata: b\r\n\r\nevent: x\ndata: c\ndata: d\r\n\r\n: comment\n\ndata: e"
+    s = EventSplitter()
+    out: list[bytes] = []
+    for i in range(0, len(body), size):
+        out += s.feed(body[i : i + size])
+    assert out == [b"a", b"b", b"c\nd"]
+    assert s.rest() == b"data: e"
+
+
+def test_event_splitter_is_linear_on_an_event_that_never_ends() -> None:
+    """10 MiB of one event in 1 KiB pieces: each byte searched once (a rescan of the buffer
+    per piece is ~50 GB of searching), the event dropped past the limit and counted."""
+    s = EventSplitter(limit=1 << 20)
+    piece = b"x" * 1024
+    s.feed(b"data: ")
+    for _ in range(10 * 1024):
+        assert s.feed(piece) == []
+    assert len(s.buf) <= (1 << 20) + 1024
+    assert s.dropped == 1
+    assert s.feed(b"\n\ndata: next\n\n") == [b"next"]  # the stream goes on after it
+    assert s.dropped == 1
+
+
+def test_progress_fold_equals_progress_of_whatever_the_pieces() -> None:
+    body = chat_chunk("", role=True) + b"".join(chat_chunk(w) for w in ("a", "b", "c")) + b"data: [DONE]\n\n"
+    want = progress_of(body)
+    for size in (1, 5, 50):
+        f = ProgressFold()
+        for i in range(0, len(body), size):
+            f.feed(body[i : i + size])
+        got = f.result()
+        assert (
+            (got.text, got.tokens, got.done, got.clean, got.stream_id)
+            == (
+                want.text,
+                want.tokens,
+                want.done,
+                want.clean,
+                want.stream_id,
+            )
+            == ("abc", 3, True, True, "c1")
+        )
 
 
 def test_progress_of_chat_stream() -> None:
