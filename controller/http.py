@@ -4,6 +4,11 @@
 from the service object on `app.state` (typed through one dependency), never from globals.
 With `controller.api_keys` set, every route but `/liveness`, `/readiness` (and `/metrics`
 unless `public_metrics` is off) needs one of them; `/debug/state` masks secrets.
+
+The views of the state are built and encoded in a worker thread, never on the event loop the
+lease renewal runs on: a fleet's `/debug/state` takes seconds to build, and a leader that
+cannot renew within `lease_ttl` is deposed. The state is immutable (`core.state`), so the
+reference a handler takes is a consistent snapshot whatever the fold does meanwhile.
 """
 
 from __future__ import annotations
@@ -38,6 +43,12 @@ _ROUTING_CODES = {404: "not_found", 405: "method_not_allowed"}
 def error_response(status: int, message: str, code: str | None) -> Response:
     """An OpenAI-shaped error response (`core.http_errors`)."""
     return Response(openai_error(status, message, code), status_code=status, media_type="application/json")
+
+
+async def _json_off_loop(build: Callable[[], Any]) -> Response:
+    """`build()` encoded as JSON, both in a worker thread."""
+    body = await asyncio.to_thread(lambda: orjson.dumps(build(), option=orjson.OPT_NON_STR_KEYS))
+    return Response(body, media_type="application/json")
 
 
 def _service(request: Request) -> ControllerService:
@@ -128,23 +139,27 @@ def create_app(
         return Response(generate_latest(svc.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/instances")
-    async def instances(svc: Service) -> Any:
+    async def instances(svc: Service) -> Response:
         st, state = svc.status(), svc.state
-        return {
-            "controller": {"id": st.id, "leader": st.leader, "leader_id": st.leader_id, "term": st.term},
-            "seq": state.last_seq,
-            "instances": instances_view(state),
-            "nodes": nodes_view(state),
-        }
+        return await _json_off_loop(
+            lambda: {
+                "controller": {"id": st.id, "leader": st.leader, "leader_id": st.leader_id, "term": st.term},
+                "seq": state.last_seq,
+                "instances": instances_view(state),
+                "nodes": nodes_view(state),
+            }
+        )
 
     @app.get("/v1/alarms")
-    async def alarms(svc: Service) -> Any:
-        return {"seq": svc.state.last_seq, **alarms_view(svc.state)}
+    async def alarms(svc: Service) -> Response:
+        state = svc.state
+        return await _json_off_loop(lambda: {"seq": state.last_seq, **alarms_view(state)})
 
     @app.get("/debug/state")
     async def debug_state(svc: Service) -> Response:
         """The whole folded state as `motor replay --json` prints it (to compare the two), with
         secrets masked (`core.redact`): external instances carry whatever their registrar sent."""
-        return Response(orjson.dumps(redact(state_to_dict(svc.state))), media_type="application/json")
+        state = svc.state
+        return await _json_off_loop(lambda: redact(state_to_dict(state)))
 
     return app
