@@ -38,7 +38,7 @@ from streams.foldparts import FoldHealth, Lane
 from streams.log import Delivery, Log, Ordered, StreamMissing, StreamReplaced
 from streams.lostlog import Loss, LossDetector, StreamView, overwritten
 from streams.poison import SkipLog, Skipped
-from streams.reader import Record
+from streams.reader import Range, Record
 
 log = logging.getLogger(__name__)
 
@@ -366,7 +366,7 @@ class LiveFold:
         if reason is None and self._recheck is not None:
             seq, ts_ns = self._recheck
             if view.first_seq <= seq <= view.last_seq:
-                stored = await self.log.message(lane.stream, seq)
+                stored = await self._stored(lane.stream, seq)
                 reason = overwritten(seq, ts_ns, stored.ts_ns if stored is not None else None)
             if self._recheck == (seq, ts_ns):  # answered (a failed question asks again)
                 self._recheck = None
@@ -375,6 +375,21 @@ class LiveFold:
         elif lane.away:
             log.info("%s: stream %s is back; resuming after seq %d", self.name, lane.stream, self.position)
             lane.back.set()
+
+    async def _stored(self, stream: str, seq: int) -> Delivery | None:
+        """The message the stream holds at `seq`, asked as this fold may ask: a filtered fold's
+        reader may read only what its filter takes (a node agent reads events, never another
+        node's commands, so it may not get a message by sequence), and reads it through its
+        filter; None when what is there is not the fold's."""
+        if self.filter_subject is None:
+            return await self.log.message(stream, seq)
+        span = Range(start_seq=seq, until_seq=seq, filter_subject=self.filter_subject)
+        found: Delivery | None = None
+        async for batch in self.log.read(stream, span):  # one message at most: read it to its end
+            for d in batch:
+                if d.seq == seq:
+                    found = d
+        return found
 
     async def _check_hb(self, lane: Lane) -> None:
         view = await self._info(lane.stream)

@@ -555,3 +555,48 @@ async def test_required_tls_refuses_plaintext_and_serves_tls_first_clients(tmp_p
         if nc is not None:
             await nc.close()
         await server.stop()
+
+
+async def test_a_node_agents_fold_checks_its_last_event_after_a_reconnect_with_its_own_rights(
+    srv: AuthServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A fold made again after a reconnect checks that the event it folded last is still in the
+    stream (a lost tail written over). A node agent may not get a message by sequence (it could
+    read another node's commands): its fold asks through its own filter, and is checked without
+    a permission violation (it asked $JS.API.STREAM.MSG.GET.MOTOR every 2 s, refused, for good)."""
+    from streams.livefold import LiveFold
+    from streams.reader import Range
+
+    class Watched(JetStreamLog):
+        asked: list[Range] = []
+
+        def read(self, stream: str, span: Range) -> Any:
+            self.asked.append(span)
+            return super().read(stream, span)
+
+    caplog.set_level(logging.WARNING)
+    await Publisher(srv.admin.jetstream()).publish(registration("n1"))
+    n1 = await srv.login("nodeagent-n1")
+    folded: list[Any] = []
+    motor = Watched(n1)
+    fold = LiveFold(
+        motor,
+        lambda rec: folded.append(rec),
+        filter_subject=subjects.ALL_EVENTS,
+        name="nodeagent/n1 resync",
+        check_interval=0.2,
+    )
+    await fold.start()
+    try:
+        await asyncio.wait_for(fold.caught_up.wait(), 20)
+        assert folded
+        assert fold._motor is not None
+        await fold._restart_lane(fold._motor)  # what a reconnect does: the check is asked for
+        deadline = time.monotonic() + 20
+        while not (fold.checked and any(a.until_seq is not None for a in motor.asked)):
+            assert time.monotonic() < deadline, f"the fold was never checked: {_violations(caplog)}"
+            await asyncio.sleep(0.05)
+    finally:
+        await fold.close()
+    log = (srv.root / "nats-server.log").read_text().splitlines()
+    assert not [line for line in log if "user:nodeagent-n1" in line and "MSG.GET" in line]
