@@ -228,7 +228,7 @@ async def _run_up(cluster: Any, *, live: bool) -> int:
         # Printed above the live table (rich keeps the table at the bottom).
         style = {"restarted": "green", "unresponsive": "red"}.get(n.kind, "yellow")
         console.print(f"{time.strftime('%H:%M:%S')} [{style}]{n.describe()}[/]")
-        if n.kind == "exited" and n.exit_code is not None and n.exit_code > 0:
+        if n.kind == "unresponsive" or (n.kind == "exited" and n.exit_code is not None and n.exit_code > 0):
             child = next((c for c in cluster.children if c.name == n.name), None)
             if child is not None:
                 console.print(f"last lines of {child.log}:\n{_tail(child.log)}")

@@ -1,7 +1,8 @@
 """`motor up`'s supervisor on real processes: kill -9 brings a process back with backoff;
 a held process is left to its holder; a deliberate stop restarts nothing; a killed
 nats-server comes back on the same port and store; a process that stops answering its
-liveness probe (SIGSTOP) is killed and started again, one that is held is not."""
+liveness probe (SIGSTOP, or its event loop wedged) is killed and started again, one that is
+held is not."""
 
 from __future__ import annotations
 
@@ -141,7 +142,7 @@ async def test_killed_nats_server_comes_back_on_the_same_port_and_store(tmp_path
 
 # A process answering `GET /liveness` on a Unix socket, as a coordinator replica does.
 ANSWERS = """
-import asyncio, os, sys
+import asyncio, os, signal, sys, time
 
 async def answer(reader, writer):
     await reader.readuntil(b"\\r\\n\\r\\n")
@@ -150,6 +151,9 @@ async def answer(reader, writer):
     writer.close()
 
 async def main():
+    # SIGUSR1 wedges it: the handler blocks the event loop, the process runs on, its socket
+    # stays open and the kernel still completes connections to it.
+    signal.signal(signal.SIGUSR1, lambda *_: time.sleep(3600))
     path = sys.argv[1]
     if os.path.exists(path):
         os.unlink(path)  # a killed predecessor's
@@ -201,18 +205,21 @@ async def answerer(tmp_path: Path) -> AsyncIterator[Answerer]:
         a.proc.wait()
 
 
-async def test_frozen_process_is_killed_after_its_misses_and_started_again(answerer: Answerer) -> None:
+@pytest.mark.parametrize("how", [signal.SIGSTOP, signal.SIGUSR1], ids=["stopped", "wedged"])
+async def test_unanswering_process_is_killed_after_its_misses_and_started_again(
+    answerer: Answerer, how: signal.Signals
+) -> None:
     sup = Supervisor(FAST, liveness=QUICK)
     sup.watch(answerer.watch())
     try:
         await asyncio.sleep(1.0)  # several probes answered: armed, and nothing killed
         assert answerer.spawned == 1 and not sup.notices
         frozen = answerer.proc
-        os.kill(frozen.pid, signal.SIGSTOP)
+        os.kill(frozen.pid, how)
         t0 = asyncio.get_running_loop().time()
         await until(lambda: answerer.spawned == 2, within=5)
         took = asyncio.get_running_loop().time() - t0
-        assert frozen.poll() == -signal.SIGKILL  # killed while stopped: nothing to SIGCONT
+        assert frozen.poll() == -signal.SIGKILL  # killed while stopped or blocked
         assert took <= QUICK.kill_within + FAST.initial + 0.5
         kinds = [n.kind for n in sup.notices]
         assert kinds == ["unresponsive", "exited", "restarted"]
