@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from dataclasses import dataclass
 
 from nats.aio.client import Client
@@ -29,7 +30,7 @@ from coordinator.proxy.app import ProxyApp
 from coordinator.proxy.asgi import ASGIApp, Lifespan
 from coordinator.proxy.attempts import Attempts
 from coordinator.proxy.legs import Legs
-from coordinator.proxy.mgmtport import start_mgmt_server
+from coordinator.proxy.mgmtport import start_mgmt_server, start_mgmt_unix
 from coordinator.proxy.pipeline import Pipeline
 from coordinator.proxy.pool import UpstreamPool, Upstreams
 from coordinator.proxy.precision import PrecisionHook
@@ -175,6 +176,7 @@ class CoordinatorService:
         mgmt_port: int | None = None,
         name: str = "coordinator",
         reuse_port: bool = False,
+        probe_socket: str | None = None,
     ) -> None:
         self.settings = settings
         self.nats = nats
@@ -184,6 +186,9 @@ class CoordinatorService:
             self.settings = settings.model_copy(update={"mgmt_port": mgmt_port})
         self.name = name
         self.reuse_port = reuse_port  # replicas on one port: the kernel spreads connections
+        # This replica's own management listener, for its supervisor's liveness probe.
+        self.probe_socket = probe_socket
+        self.probe_server: ProxyServer | None = None
         self.ctx: CoordinatorContext | None = None
         self.server: ProxyServer | None = None
         self.mgmt_server: ProxyServer | None = None
@@ -217,6 +222,13 @@ class CoordinatorService:
             # Sharing the port, a replica takes connections the moment it listens: it joins
             # once its table holds the log, or a restarted one would answer 503 meanwhile.
             await ctx.caught_up.wait()
+        if self.probe_socket is not None:
+            # Before the shared port: a replica that answers here is judged by its silence,
+            # so it must answer before it can swallow a connection (`deploy.liveness`).
+            self.probe_server = await start_mgmt_unix(
+                mgmt, self.probe_socket, max_body=self.settings.max_body_bytes, limits=limits
+            )
+            log.info("coordinator liveness and management on the unix socket %s", self.probe_socket)
         self.server = ProxyServer(self._proxy.app, max_body=self.settings.max_body_bytes, limits=limits)
         await self.server.start(self.host, self.want_port, reuse_port=self.reuse_port)
         log.info("coordinator listening on http://%s:%d", self.host, self.port)
@@ -244,6 +256,11 @@ class CoordinatorService:
             await self.server.stop()
         if self.mgmt_server is not None:
             await self.mgmt_server.stop()
+        if self.probe_server is not None:
+            await self.probe_server.stop()
+            assert self.probe_socket is not None
+            with contextlib.suppress(OSError):
+                os.unlink(self.probe_socket)
         if self._proxy is not None:
             await self._proxy.close()
         if self._fold is not None:

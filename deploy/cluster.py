@@ -6,7 +6,10 @@ Starts nats-server (embedded, data under `.motor/`, unless an external URL is gi
 log under `.motor/logs/`. Every child carries the marker `MOTOR_UP_SESSION` in its
 environment, so `stop()` also finds the engine processes the node agents started in their own
 process groups. With `supervise` (the default) a process that exits on its own is started
-again with backoff (`deploy.supervise`); `stop()` is deliberate and restarts nothing.
+again with backoff (`deploy.supervise`); `stop()` is deliberate and restarts nothing. A
+coordinator replica is also probed on its own Unix socket (`liveness`, `deploy.liveness`) and
+killed, to be started again, when it stops answering: frozen, it would keep its share of the
+shared port's connections.
 Every process runs on a `Host` (`deploy.hosts`): this machine for `motor up`; hosts in
 network namespaces for tests/multihost, where `placement` names each process's host.
 """
@@ -31,6 +34,7 @@ from core.config import ClusterConfig
 from core.ids import new_id
 from deploy.clusterplan import NodePlan, Ports, fit_replicas, plan_nodes
 from deploy.hosts import LOCAL, Host
+from deploy.liveness import LivenessRule, probe_dir, probe_unix
 from deploy.natscluster import SINGLE, NatsCluster, plan_members
 from deploy.supervise import Backoff, Notice, Supervisor, Watch, die_with_parent, wait_popen
 from deploy.sweep import session_pids, stop_strays, wait_for_exit
@@ -65,6 +69,7 @@ class LocalCluster:
     coordinators: int = 1  # replicas sharing the coordinator port (SO_REUSEPORT when > 1)
     supervise: bool = True  # restart what exits on its own, with backoff
     backoff: Backoff = field(default_factory=Backoff)
+    liveness: LivenessRule = field(default_factory=LivenessRule)  # coordinators, when supervised
     on_notice: Callable[[Notice], None] | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
     session: str = field(default_factory=lambda: new_id()[:16])
@@ -87,7 +92,7 @@ class LocalCluster:
         self.root = self.root.resolve()
         self._nats: NatsCluster | None = None
         self.auth: ClusterAuth | None = None  # the embedded server's users (deploy.natsauth)
-        self.supervisor = Supervisor(self.backoff, self.on_notice)
+        self.supervisor = Supervisor(self.backoff, self.on_notice, self.liveness)
         self.nats_members = plan_members(
             self.nats_cluster,
             [
@@ -143,6 +148,15 @@ class LocalCluster:
     def logs(self) -> Path:
         return self.root / "logs"
 
+    @property
+    def run_dir(self) -> Path:
+        """Where the replicas' probe sockets live (`deploy.liveness.probe_dir`)."""
+        return probe_dir(self.root, self.session, self.coordinator_names())
+
+    def probe_socket(self, name: str) -> Path:
+        """The Unix socket a coordinator replica answers its liveness probe on."""
+        return self.run_dir / f"{name}.sock"
+
     def coordinator_names(self) -> list[str]:
         """`coordinator`, or `coordinator-1` … `coordinator-N` for N replicas."""
         if self.coordinators == 1:
@@ -157,6 +171,7 @@ class LocalCluster:
     async def start(self) -> None:
         """Start NATS and every process; return once all are spawned (not yet ready)."""
         self.logs.mkdir(parents=True, exist_ok=True)
+        self.run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         cfg_path = self.root / "cluster.json"
         cfg_path.write_bytes(orjson.dumps(self.cfg.model_dump(mode="json"), option=orjson.OPT_INDENT_2))
         if self.nats_url is None:
@@ -208,6 +223,8 @@ class LocalCluster:
                     str(self.ports.coordinator),
                     "--name",
                     name,
+                    "--probe-socket",
+                    str(self.probe_socket(name)),
                     *reuse,
                 ],
             )
@@ -310,7 +327,26 @@ class LocalCluster:
             self.children.remove(old)
             self._spawn(name, old.argv, old.env)
 
-        self.supervisor.watch(Watch(name, current, wait, respawn))
+        if name not in self.coordinator_names():
+            self.supervisor.watch(Watch(name, current, wait, respawn))
+            return
+        path = str(self.probe_socket(name))
+        timeout = self.liveness.timeout
+
+        async def probe() -> bool:
+            return await probe_unix(path, timeout)
+
+        def kill() -> bool:
+            proc = self.child(name).proc
+            if proc is None or proc.poll() is not None:
+                return False
+            # SIGKILL: a stopped process gets no other signal, and only its death takes its
+            # socket out of the shared port.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            return True
+
+        self.supervisor.watch(Watch(name, current, wait, respawn, probe=probe, kill=kill))
 
     def restarts(self, name: str) -> int:
         """How many times the supervisor restarted the process `name` (a child or `nats-server`)."""
@@ -397,4 +433,14 @@ class LocalCluster:
         if self._nats is not None:
             await self._nats.stop()
             self._nats = None
+        self._remove_probe_sockets()
         return len(procs) + stray_count
+
+    def _remove_probe_sockets(self) -> None:
+        """What a killed replica could not remove itself; the temp dir too, if one was made."""
+        for name in self.coordinator_names():
+            with contextlib.suppress(OSError):
+                self.probe_socket(name).unlink()
+        if self.run_dir.parent != self.root:
+            with contextlib.suppress(OSError):
+                self.run_dir.rmdir()

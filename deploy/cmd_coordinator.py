@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any
+
+from deploy.liveness import MAX_UNIX_PATH
 
 
 def register(sub: Any) -> None:
@@ -19,6 +22,12 @@ def register(sub: Any) -> None:
         "--reuse-port",
         action="store_true",
         help="listen with SO_REUSEPORT, so several replicas share one port (motor up --coordinators N)",
+    )
+    p.add_argument(
+        "--probe-socket",
+        metavar="PATH",
+        help="also serve the management API (/liveness for the supervisor's probe) on this Unix "
+        "socket, this replica's own when replicas share the port (motor up sets it)",
     )
     p.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
     p.set_defaults(func=_run)
@@ -45,6 +54,13 @@ def _run(args: argparse.Namespace) -> int:
         if value is not None and not 0 <= value <= 65535:
             print(f"{flag}: {value} is not a port (0-65535)", file=sys.stderr)
             return 2
+    if args.probe_socket is not None and len(os.fsencode(args.probe_socket)) > MAX_UNIX_PATH:
+        print(
+            f"--probe-socket: {args.probe_socket} is longer than a Unix socket path may be "
+            f"({MAX_UNIX_PATH} bytes); choose a shorter one",
+            file=sys.stderr,
+        )
+        return 2
 
     from coordinator.service import CoordinatorService, run
     from streams.connection import NatsOptions
@@ -60,6 +76,7 @@ def _run(args: argparse.Namespace) -> int:
         mgmt_port=args.mgmt_port,
         name=args.name,
         reuse_port=args.reuse_port,
+        probe_socket=args.probe_socket,
     )
 
     async def main() -> None:

@@ -64,7 +64,34 @@ def register(sub: Any) -> None:
     up.add_argument(
         "--no-restart",
         action="store_true",
-        help="leave a crashed process down instead of restarting it with backoff",
+        help="leave a crashed process down instead of restarting it with backoff (and leave a "
+        "coordinator that stops answering alone too)",
+    )
+    from deploy.liveness import LivenessRule
+
+    rule = LivenessRule()
+    up.add_argument(
+        "--liveness-interval",
+        type=float,
+        default=rule.interval,
+        metavar="S",
+        help="probe each coordinator replica's /liveness on its own socket every S seconds; "
+        "default %(default)s",
+    )
+    up.add_argument(
+        "--liveness-timeout",
+        type=float,
+        default=rule.timeout,
+        metavar="S",
+        help="a probe unanswered after S seconds is a miss; default %(default)s",
+    )
+    up.add_argument(
+        "--liveness-misses",
+        type=int,
+        default=rule.misses,
+        metavar="K",
+        help="K misses in a row (frozen or wedged) kill the replica, taking it out of the shared "
+        "port, and the supervisor starts a fresh one; default %(default)s",
     )
     up.set_defaults(func=_up)
     st = sub.add_parser("status", help="print the cluster table from the log of a running cluster")
@@ -92,7 +119,14 @@ def _up(args: argparse.Namespace) -> int:
         return 2
     from deploy.cluster import LocalCluster
     from deploy.clusterplan import NATS_MONITOR_OFFSET, NATS_ROUTE_OFFSET, Ports
+    from deploy.liveness import LivenessRule
     from deploy.localports import one_machine_ports
+
+    try:
+        liveness = LivenessRule(args.liveness_interval, args.liveness_timeout, args.liveness_misses)
+    except ValueError as exc:
+        print(f"motor up: {exc}", file=sys.stderr)
+        return 2
 
     if args.coordinators < 1:
         print(f"motor up: --coordinators: at least 1, got {args.coordinators}", file=sys.stderr)
@@ -152,6 +186,7 @@ def _up(args: argparse.Namespace) -> int:
             standby=not args.no_standby,
             coordinators=args.coordinators,
             supervise=not args.no_restart,
+            liveness=liveness,
         )
     except ValueError as exc:
         print(f"motor up: {exc}", file=sys.stderr)
@@ -191,9 +226,9 @@ async def _run_up(cluster: Any, *, live: bool) -> int:
 
     def on_notice(n: Any) -> None:
         # Printed above the live table (rich keeps the table at the bottom).
-        style = "green" if n.kind == "restarted" else "yellow"
+        style = {"restarted": "green", "unresponsive": "red"}.get(n.kind, "yellow")
         console.print(f"{time.strftime('%H:%M:%S')} [{style}]{n.describe()}[/]")
-        if n.kind == "exited" and n.exit_code is not None and n.exit_code > 0:
+        if n.kind == "unresponsive" or (n.kind == "exited" and n.exit_code is not None and n.exit_code > 0):
             child = next((c for c in cluster.children if c.name == n.name), None)
             if child is not None:
                 console.print(f"last lines of {child.log}:\n{_tail(child.log)}")

@@ -6,6 +6,10 @@ process: it awaits the exit, waits the backoff and respawns. A deliberate stop (
 restarts nothing; a held process (`hold(name)`) is left alone until released, so a test can
 kill something and bring it back itself; a process replaced while the supervisor waited
 (`restart_child`, a holder's own restart) is followed instead of restarted.
+
+A watch with a `probe` is also asked whether it answers (`deploy.liveness`): a process that
+stops answering is killed, its exit restarts it as any other. Exits alone miss a process that
+is frozen or wedged, and one that shares a port swallows connections meanwhile.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ import subprocess
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
+
+from deploy.liveness import LivenessRule, Probing, Verdict
 
 log = logging.getLogger(__name__)
 
@@ -44,11 +50,14 @@ class Notice:
     """Something the supervisor did, for the live view and the status lines."""
 
     name: str
-    kind: str  # "exited" (a restart is due after `delay`) | "restarted" | "failed" (respawn raised)
+    # "exited" (a restart is due after `delay`) | "restarted" | "failed" (respawn raised)
+    # | "unresponsive" (it stopped answering its liveness probe: killed, `detail` says how long)
+    kind: str
     exit_code: int | None
     delay: float
     restarts: int
     detail: str = ""
+    at: float = field(default_factory=time.time)
 
     def describe(self) -> str:
         """One status line, e.g. `restarted coordinator-1 (exit -9) after 0.5 s, 2 restarts`."""
@@ -57,6 +66,11 @@ class Notice:
             return f"{self.name} exited ({code}); restarting in {self.delay:g} s"
         if self.kind == "failed":
             return f"could not restart {self.name} ({code}): {self.detail}; trying again"
+        if self.kind == "unresponsive":
+            return (
+                f"{self.name} stopped answering its liveness probe ({self.detail}): killed to take it "
+                "out of the port, a fresh one follows; if this repeats, its log says what it was doing"
+            )
         plural = "restart" if self.restarts == 1 else "restarts"
         return f"restarted {self.name} ({code}) after {self.delay:g} s, {self.restarts} {plural}"
 
@@ -69,6 +83,11 @@ class Watch:
     current: Callable[[], object]  # identity of the running process (changes when replaced)
     wait: Callable[[], Awaitable[int | None]]  # the current process's exit code, once it exits
     respawn: Callable[[], Awaitable[None]]
+    # Whether the current process answers (one probe, bounded by the rule's timeout), and how
+    # to kill it when it stops (False: it had exited already, which `_run` handles): only
+    # processes whose silence harms (a shared port) have one.
+    probe: Callable[[], Awaitable[bool]] | None = None
+    kill: Callable[[], bool] | None = None
     supervised: bool = True
     restarts: int = 0
     streak: int = 0
@@ -84,22 +103,31 @@ class Supervisor:
     """Restarts watched processes that exit on their own."""
 
     def __init__(
-        self, backoff: Backoff = Backoff(), on_notice: Callable[[Notice], None] | None = None
+        self,
+        backoff: Backoff = Backoff(),
+        on_notice: Callable[[Notice], None] | None = None,
+        liveness: LivenessRule = LivenessRule(),
     ) -> None:
         self.backoff = backoff
         self.on_notice = on_notice
+        self.liveness = liveness
         self.notices: list[Notice] = []
         self.watches: dict[str, Watch] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._probes: dict[str, asyncio.Task[None]] = {}
         self._stopping = False
 
     def watch(self, w: Watch) -> None:
         """Start supervising `w` (replacing an earlier watch of the same name)."""
-        old = self._tasks.pop(w.name, None)
-        if old is not None:
-            old.cancel()
+        for tasks in (self._tasks, self._probes):
+            old = tasks.pop(w.name, None)
+            if old is not None:
+                old.cancel()
         self.watches[w.name] = w
-        self._tasks[w.name] = asyncio.get_running_loop().create_task(self._run(w), name=f"supervise-{w.name}")
+        loop = asyncio.get_running_loop()
+        self._tasks[w.name] = loop.create_task(self._run(w), name=f"supervise-{w.name}")
+        if w.probe is not None and w.kill is not None:
+            self._probes[w.name] = loop.create_task(self._probe(w), name=f"liveness-{w.name}")
 
     @property
     def stopping(self) -> bool:
@@ -132,7 +160,7 @@ class Supervisor:
     async def stop(self) -> None:
         """Stop supervising: whatever exits from now on stays down."""
         self._stopping = True
-        tasks = list(self._tasks.values())
+        tasks = [*self._tasks.values(), *self._probes.values()]
         for t in tasks:
             t.cancel()
         for t in tasks:
@@ -175,6 +203,57 @@ class Supervisor:
             w.restarts += 1
             w.started_at = time.monotonic()
             self._notify(Notice(w.name, "restarted", code, delay, w.restarts))
+
+    async def _probe(self, w: Watch) -> None:
+        """Probe the current process every `interval`; kill it after `misses` in a row.
+
+        Each process is judged from its own first answer (`LivenessRule.step`); one that is
+        held or unsupervised is left alone, as its exit would be. After a kill the next
+        process is awaited: the exit restarts it through `_run`, with the usual backoff.
+        """
+        assert w.probe is not None and w.kill is not None
+        rule = self.liveness
+        proc: object = None
+        killed: object = None
+        seen = Probing()
+        silent_since = 0.0
+        while not self._stopping:
+            t0 = time.monotonic()
+            current = w.current()
+            if current is not proc:
+                proc, seen = current, Probing()
+            if proc is None or proc is killed or w.holds or not w.supervised:
+                seen = Probing()  # a held process may be frozen on purpose; judge it afresh after
+                await asyncio.sleep(rule.interval)  # nothing to probe: poll for a new process
+                continue
+            answered = await w.probe()
+            if w.current() is not proc or w.holds or self._stopping:
+                continue  # replaced or held meanwhile: this answer was about someone else
+            before = seen
+            seen, verdict = rule.step(seen, answered)
+            if verdict is Verdict.MISSED and before.misses == 0:
+                silent_since = t0
+                log.warning("%s did not answer its liveness probe within %g s", w.name, rule.timeout)
+            elif verdict is Verdict.ALIVE and before.misses:
+                log.info("%s answers its liveness probe again after %d misses", w.name, before.misses)
+            elif verdict is Verdict.KILL:
+                silent = time.monotonic() - (silent_since if rule.misses > 1 else t0)
+                if not w.kill():  # it died on its own meanwhile: an exit, restarted by `_run`
+                    await asyncio.sleep(rule.interval)
+                    continue
+                self._notify(
+                    Notice(
+                        w.name,
+                        "unresponsive",
+                        None,
+                        0.0,
+                        w.restarts,
+                        detail=f"{seen.misses} probes in a row unanswered, silent {silent:.1f} s",
+                    )
+                )
+                killed = proc  # its exit is `_run`'s to see: it restarts the next one
+                continue
+            await asyncio.sleep(max(0.0, rule.interval - (time.monotonic() - t0)))
 
 
 def die_with_parent() -> None:

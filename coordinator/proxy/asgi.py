@@ -35,8 +35,9 @@ async def serve_asgi(app: ASGIApp, conn: ClientConn, req: Request) -> None:
         "query_string": req.query,
         "root_path": "",
         "headers": list(req.headers.items()),
-        "client": conn.peer[:2] if conn.peer else None,
-        "server": conn.sockname[:2] if conn.sockname else None,
+        # A Unix socket (the private probe socket) has a path, or nothing, for these.
+        "client": conn.peer[:2] if isinstance(conn.peer, tuple) else None,
+        "server": conn.sockname[:2] if isinstance(conn.sockname, tuple) else None,
         "state": {},
     }
     sent_body = False

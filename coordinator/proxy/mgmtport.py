@@ -4,9 +4,18 @@ With `coordinator.mgmt_port` set, the management app is served on its own listen
 so a controller or an operator tool reaches probes, metrics, refresh and alarm clearing
 there, apart from the client traffic on `coordinator.port`. The `/v1` generation routes are
 not on it; the management app checks admin keys itself (`coordinator.mgmt`).
+
+A replica also serves the management app on a private Unix socket (`--probe-socket`) when
+its supervisor asks: replicas share their ports, so only there does a probe of `/liveness`
+(or a scrape of `/metrics`) reach this one replica (`deploy.liveness`).
 """
 
 from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import stat
 
 from coordinator.proxy.asgi import ASGIApp, serve_asgi
 from coordinator.proxy.server import ProxyServer
@@ -38,4 +47,29 @@ async def start_mgmt_server(
     `reuse_port`); the caller stops the server."""
     server = ProxyServer(MgmtOnly(mgmt_app), max_body=max_body, limits=limits)
     await server.start(host, port, reuse_port=reuse_port)
+    return server
+
+
+async def start_mgmt_unix(
+    mgmt_app: ASGIApp, path: str, *, max_body: int, limits: HttpLimitsConfig | None = None
+) -> ProxyServer:
+    """Serve the management app on the Unix socket `path`, readable by this user only.
+
+    A socket left by a killed predecessor is replaced (a killed process cannot remove it);
+    any other file there is refused rather than deleted.
+    """
+    with contextlib.suppress(FileNotFoundError):
+        if not stat.S_ISSOCK(os.lstat(path).st_mode):
+            raise OSError(f"probe socket {path}: a file that is not a socket is in the way")
+        os.unlink(path)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(path)
+        os.chmod(path, 0o600)
+        sock.setblocking(False)
+        server = ProxyServer(MgmtOnly(mgmt_app), max_body=max_body, limits=limits)
+        await server.start("", 0, sock=sock)
+    except BaseException:
+        sock.close()
+        raise
     return server

@@ -72,14 +72,35 @@ def child_pid(cluster: LocalCluster, name: str) -> int | None:
     return c.proc.pid if c.proc is not None and c.proc.poll() is None else None
 
 
+@dataclass
+class Freeze:
+    """When a process was stopped, and whether the SIGCONT after found it still there."""
+
+    at: float
+    continued: bool | None = None  # None until the body ended; False: it had died meanwhile
+
+
 @contextlib.asynccontextmanager
-async def frozen(pid: int) -> AsyncIterator[float]:
-    """SIGSTOP `pid` for the body (it accepts connections and answers nothing); SIGCONT after."""
-    t = signal_pid(pid, signal.SIGSTOP)
+async def frozen(pid: int) -> AsyncIterator[Freeze]:
+    """SIGSTOP `pid` for the body (it accepts connections and answers nothing); SIGCONT after.
+
+    Signalled through a pidfd: a process killed meanwhile (a watchdog's doing) is told apart
+    from a live one, and a new process given the same pid is never continued by mistake.
+    """
+    fd = os.pidfd_open(pid)
     try:
-        yield t
+        freeze = Freeze(time.time())
+        signal.pidfd_send_signal(fd, signal.SIGSTOP)
+        try:
+            yield freeze
+        finally:
+            try:
+                signal.pidfd_send_signal(fd, signal.SIGCONT)
+                freeze.continued = True
+            except ProcessLookupError:  # it died while stopped: there is nothing to continue
+                freeze.continued = False
     finally:
-        signal_pid(pid, signal.SIGCONT)
+        os.close(fd)
 
 
 @dataclass

@@ -60,11 +60,15 @@ def engines(state: ClusterState) -> list[Engine]:
     return out
 
 
-async def scrape(url: str, limit: float = 5.0) -> str | None:
-    """GET `url` on a new connection; the body, or None when it does not answer 200."""
+async def scrape(url: str, limit: float = 5.0, *, unix: str | None = None) -> str | None:
+    """GET `url` on a new connection (through the Unix socket `unix`, when given); the body,
+    or None when it does not answer 200."""
     try:
         async with (
-            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=limit)) as s,
+            aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=limit),
+                connector=aiohttp.UnixConnector(path=unix) if unix is not None else None,
+            ) as s,
             s.get(url) as r,
         ):
             return await r.text() if r.status == 200 else None
@@ -88,6 +92,13 @@ async def served(port: int) -> float:
     """Tokens the engine on `port` processed so far (0 while it is down)."""
     text = await scrape(f"http://127.0.0.1:{port}/metrics")
     return counter(text, "vllm:prompt_tokens_total", "vllm:generation_tokens_total")
+
+
+async def replica_served(probe_socket: str) -> float:
+    """Client requests one coordinator replica answered so far, asked on its own socket (the
+    shared port would answer from any replica)."""
+    text = await scrape("http://replica/metrics", unix=probe_socket)
+    return counter(text, "motor_coordinator_requests_total")
 
 
 async def running(port: int) -> int:

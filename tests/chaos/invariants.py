@@ -380,6 +380,73 @@ def explained(entries: Sequence[Entry], since: float, explain_text: str) -> Chec
     return Check(name, True, f"{len(coord)} coordinator event(s): {kinds}")
 
 
+# --------------------------------------------------------------------------- 11 latency
+
+
+def latency_bound(outcomes: Sequence[Outcome], limit: float, *, origin: float = 0.0) -> Check:
+    """No request took longer than `limit` s, from its first attempt to its last byte (a
+    client's retry after a connection reset included), with the distribution to show it."""
+    name = "11 latency bound"
+    if not outcomes:
+        return Check(name, False, "no request ran")
+    took = sorted(o.ended - o.started for o in outcomes)
+    p50, p99 = took[len(took) // 2], took[min(len(took) - 1, math.ceil(len(took) * 0.99) - 1)]
+    worst = max(outcomes, key=lambda o: o.ended - o.started)
+    retried = [o.ended - o.started for o in outcomes if o.retried]
+    figures = f"p50 {p50:.2f} s, p99 {p99:.2f} s, max {took[-1]:.2f} s"
+    if retried:
+        figures += f"; {len(retried)} retried after a reset, slowest {max(retried):.2f} s"
+    slow = [t for t in took if t > limit]
+    if slow:
+        return Check(
+            name,
+            False,
+            f"{len(slow)} of {len(took)} took over {limit:g} s (worst {worst.describe(origin)}); {figures}",
+        )
+    return Check(name, True, f"{len(took)} requests within {limit:g} s: {figures}")
+
+
+# --------------------------------------------------------------------------- 12 replaced
+
+
+def replica_replaced(
+    *,
+    frozen_at: float,
+    killed_at: float | None,
+    within: float,
+    pid_before: int,
+    pid_after: int | None,
+    served_after: float,
+    restarts: int,
+    continued: bool | None,
+) -> Check:
+    """A frozen replica was killed within `within` s, exactly one fresh one took its place
+    and served requests, and the SIGCONT meant for the frozen one found nothing to wake."""
+    name = "12 frozen replica replaced"
+    if killed_at is None:
+        return Check(name, False, "the frozen replica was never taken out of the port")
+    took = killed_at - frozen_at
+    problems = []
+    if took > within:
+        problems.append(f"killed only {took:.1f} s after it froze (limit {within:g} s)")
+    if pid_after is None or pid_after == pid_before:
+        problems.append(f"no new process serves (pid before {pid_before}, now {pid_after})")
+    elif served_after <= 0:
+        problems.append(f"the new process {pid_after} served no request")
+    if restarts != 1:
+        problems.append(f"restarted {restarts}× (one restart expected)")
+    if continued:
+        problems.append("the frozen process was still there for the SIGCONT")
+    if problems:
+        return Check(name, False, "; ".join(problems))
+    return Check(
+        name,
+        True,
+        f"killed {took:.1f} s after it froze (limit {within:g} s); pid {pid_before} → {pid_after}, "
+        f"which served {served_after:g} requests; the SIGCONT found the frozen one gone",
+    )
+
+
 # --------------------------------------------------------------------------- report
 
 

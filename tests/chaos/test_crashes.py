@@ -1,6 +1,7 @@
 """Motor's own processes under client traffic: node agent killed or frozen, controller leader,
-standby or both killed, one of two coordinator replicas killed. `motor up`'s supervisor
-brings back what was killed; clients must not notice."""
+standby or both killed, one of two coordinator replicas killed or frozen. `motor up`'s
+supervisor brings back what was killed, and kills and brings back a replica that stopped
+answering; clients must not notice."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import time
 import pytest
 
 from tests.chaos import invariants as inv
-from tests.chaos.faults import child_pid, frozen, kill_child
+from tests.chaos.faults import child_pid, frozen, kill_child, sleep_until
+from tests.chaos.fleet import probe, replica_served
 from tests.chaos.harness import ChaosCluster
 from tests.chaos.scenario import CONVERGE_WITHIN, FAILOVER_WITHIN, Scenario, until_restarted
 
@@ -36,8 +38,8 @@ async def test_node_agent_frozen_past_heartbeat_timeout(chaos: ChaosCluster) -> 
     pid = child_pid(chaos.cluster, name)
     assert pid is not None
     async with sc.traffic():
-        async with frozen(pid) as t:
-            sc.fault(t)
+        async with frozen(pid) as freeze:
+            sc.fault(freeze.at)
             await asyncio.sleep(silent)
         ended = time.time()
         took = await sc.converge(ended)
@@ -120,4 +122,66 @@ async def test_one_coordinator_replica_killed(chaos: ChaosCluster) -> None:
     # Its own in-flight requests (and a client's stale keep-alive to it) may fail once; the
     # client's retry lands on the surviving replica.
     await sc.common(fault_ended=t, killed=(victim,), reconnect_until=t + 3.0, took=took)
+    sc.finish()
+
+
+REPLICA_FROZEN_FOR = 60.0
+SLOWEST_REQUEST = 5.0  # issue 24: no request slower than this while a replica is frozen
+
+
+async def test_one_coordinator_replica_frozen_60s(chaos: ChaosCluster) -> None:
+    """Issue 24 item 5: a SIGSTOPped replica keeps its socket in the shared port, so the
+    kernel keeps handing it connections; the supervisor's liveness probe on the replica's own
+    socket must take it out (kill -9) within seconds, a fresh replica must take its place, and
+    the SIGCONT at the end of the freeze must find nothing to wake."""
+    names = chaos.cluster.coordinator_names()
+    assert len(names) == 2, "the shared chaos cluster runs two coordinator replicas"
+    victim = names[1]
+    rule = chaos.cluster.liveness
+    sc = await Scenario.begin(
+        chaos, f"coordinator replica {victim} SIGSTOP for {REPLICA_FROZEN_FOR:g} s (of 2 on one port)"
+    )
+    before = chaos.cluster.restarts(victim)
+    pid = child_pid(chaos.cluster, victim)
+    assert pid is not None
+    sock = str(chaos.cluster.probe_socket(victim))
+    async with sc.traffic(retry_connection_errors=True):
+        async with frozen(pid) as freeze:
+            t = sc.fault(freeze.at)
+            await until_restarted(chaos, victim, before, within=30)
+            killed_at = next(
+                (
+                    n.at
+                    for n in chaos.cluster.supervisor.notices
+                    if n.name == victim and n.kind == "unresponsive" and n.at >= t
+                ),
+                None,
+            )
+            took = await sc.converge(t, floor=5.0)
+            await sleep_until(t + REPLICA_FROZEN_FOR)
+        print(f"   SIGCONT to pid {pid}: {'it was still there' if freeze.continued else 'gone'}", flush=True)
+        await asyncio.sleep(3.0)  # traffic after the SIGCONT: whatever it woke must harm nothing
+        # The load's clients keep their connections (to the surviving replica, since the kill);
+        # fresh ones are spread over both replicas by the kernel, the new one included.
+        await probe(chaos.base_url, sc.load, n=16)
+        pid_after = child_pid(chaos.cluster, victim)
+        served_after = await replica_served(sock)
+    # A request the frozen replica had taken fails once (its connection reset at the kill);
+    # the client's retry lands on the other replica.
+    reset_until = (killed_at if killed_at is not None else t) + 3.0
+    await sc.common(fault_ended=t, killed=(victim,), reconnect_until=reset_until, took=took)
+    assert sc.load is not None
+    sc.check(inv.latency_bound(sc.load.outcomes, SLOWEST_REQUEST, origin=t))
+    sc.check(
+        inv.replica_replaced(
+            frozen_at=t,
+            killed_at=killed_at,
+            within=rule.kill_within,
+            pid_before=pid,
+            pid_after=pid_after,
+            served_after=served_after,
+            restarts=chaos.cluster.restarts(victim) - before,
+            continued=freeze.continued,
+        )
+    )
     sc.finish()

@@ -1,5 +1,6 @@
 """`motor up` itself, as a user runs it: two coordinator replicas on one port; one killed -9 is
-restarted by the supervisor and the status lines say so; Ctrl-C stops everything for good."""
+restarted by the supervisor and the status lines say so; one frozen (SIGSTOP) is killed by its
+liveness probe and restarted; Ctrl-C stops everything for good."""
 
 from __future__ import annotations
 
@@ -13,13 +14,22 @@ from pathlib import Path
 import aiohttp
 import orjson
 
+from deploy.liveness import probe_unix
 from deploy.supervise import Backoff
 from streams.server import EmbeddedNats
 from tests.e2e.upproc import Lines, ask, new_pid_of, pid_of, pids_with
 from tests.localcluster import cluster_config, free_ports
 
 
-async def test_motor_up_restarts_a_killed_coordinator_replica_and_stops_on_ctrl_c(tmp_path: Path) -> None:
+def probe_socket_of(pid: int) -> str:
+    """The `--probe-socket` motor up gave a coordinator replica, read from its command line."""
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    return os.fsdecode(argv[argv.index(b"--probe-socket") + 1])
+
+
+async def test_motor_up_restarts_a_killed_or_frozen_coordinator_replica_and_stops_on_ctrl_c(
+    tmp_path: Path,
+) -> None:
     ports = free_ports(1)
     cfg = cluster_config(
         prefill=None,
@@ -75,6 +85,23 @@ async def test_motor_up_restarts_a_killed_coordinator_replica_and_stops_on_ctrl_
         assert await new_pid_of(marker, "coordinator-1", victim) != victim
         assert await ask(base)
         assert not [line for line in out.seen if "coordinator-2 exited" in line], out.seen
+        # Frozen, a replica keeps its socket in the port: its probe kills it and a fresh one
+        # starts. First the restarted coordinator-1 must be in the port (it answers its own
+        # probe socket once caught up, just before it joins): else nothing would serve.
+        sock = probe_socket_of(pid_of(marker, "coordinator-1"))
+        deadline = asyncio.get_running_loop().time() + 60
+        while not await probe_unix(sock, 1.0):
+            assert asyncio.get_running_loop().time() < deadline, (
+                f"the restarted coordinator-1 never answered on {sock}"
+            )
+            await asyncio.sleep(0.1)
+        frozen = pid_of(marker, "coordinator-2")
+        os.kill(frozen, signal.SIGSTOP)
+        line = await out.wait("coordinator-2 stopped answering its liveness probe", 15)
+        assert "3 probes in a row unanswered" in line
+        await out.wait("restarted coordinator-2 (exit -9)", 30)
+        assert await new_pid_of(marker, "coordinator-2", frozen) != frozen
+        assert await ask(base)
         proc.send_signal(signal.SIGINT)
         await out.wait("stopped", 60)
         assert await asyncio.wait_for(proc.wait(), 30) == 0

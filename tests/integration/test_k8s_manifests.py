@@ -395,6 +395,21 @@ def test_the_coordinator_prestop_waits_within_the_grace_period() -> None:
     assert args.settle + args.timeout + 10 <= spec["terminationGracePeriodSeconds"]
 
 
+def test_a_frozen_coordinator_leaves_the_service_within_seconds() -> None:
+    """Issue 24 item 5 in Kubernetes: a coordinator that stops answering is taken out of the
+    Service by its readiness probe within seconds and restarted by its liveness probe."""
+    dep = named(kustomize("smoke"), "Deployment", "motor-coordinator")
+    (c,) = dep["spec"]["template"]["spec"]["containers"]
+
+    def silent_for(probe: dict[str, Any]) -> int:
+        # The worst case: it froze just after a probe answered.
+        return int(probe["periodSeconds"] * probe["failureThreshold"] + probe["timeoutSeconds"])
+
+    assert silent_for(c["readinessProbe"]) <= 6
+    assert silent_for(c["livenessProbe"]) <= 20
+    assert silent_for(c["readinessProbe"]) < silent_for(c["livenessProbe"])
+
+
 # --------------------------------------------------------------------------- the image
 
 

@@ -1,6 +1,8 @@
 """`motor up`'s supervisor on real processes: kill -9 brings a process back with backoff;
 a held process is left to its holder; a deliberate stop restarts nothing; a killed
-nats-server comes back on the same port and store."""
+nats-server comes back on the same port and store; a process that stops answering its
+liveness probe (SIGSTOP, or its event loop wedged) is killed and started again, one that is
+held is not."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from deploy.liveness import LivenessRule, probe_unix
 from deploy.supervise import Backoff, Supervisor, Watch, wait_popen
 from streams.connection import connect
 from streams.server import EmbeddedNats
@@ -135,3 +138,111 @@ async def test_killed_nats_server_comes_back_on_the_same_port_and_store(tmp_path
     finally:
         await sup.stop()
         await server.stop()
+
+
+# A process answering `GET /liveness` on a Unix socket, as a coordinator replica does.
+ANSWERS = """
+import asyncio, os, signal, sys, time
+
+async def answer(reader, writer):
+    await reader.readuntil(b"\\r\\n\\r\\n")
+    writer.write(b"HTTP/1.1 200 OK\\r\\ncontent-length: 2\\r\\nconnection: close\\r\\n\\r\\nok")
+    await writer.drain()
+    writer.close()
+
+async def main():
+    # SIGUSR1 wedges it: the handler blocks the event loop, the process runs on, its socket
+    # stays open and the kernel still completes connections to it.
+    signal.signal(signal.SIGUSR1, lambda *_: time.sleep(3600))
+    path = sys.argv[1]
+    if os.path.exists(path):
+        os.unlink(path)  # a killed predecessor's
+    server = await asyncio.start_unix_server(answer, path)
+    await server.serve_forever()
+
+asyncio.run(main())
+"""
+QUICK = LivenessRule(interval=0.2, timeout=0.3, misses=3)
+
+
+class Answerer:
+    """One supervised child that answers liveness probes on its own socket."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.proc = self.spawn()
+        self.spawned = 1
+
+    def spawn(self) -> subprocess.Popen[bytes]:
+        return subprocess.Popen([sys.executable, "-c", ANSWERS, str(self.path)])
+
+    def watch(self) -> Watch:
+        async def respawn() -> None:
+            self.proc = self.spawn()
+            self.spawned += 1
+
+        async def probe() -> bool:
+            return await probe_unix(str(self.path), QUICK.timeout)
+
+        def kill() -> bool:
+            if self.proc.poll() is not None:
+                return False
+            os.kill(self.proc.pid, signal.SIGKILL)
+            return True
+
+        return Watch(
+            "answerer", lambda: self.proc, lambda: wait_popen(self.proc), respawn, probe=probe, kill=kill
+        )
+
+
+@pytest.fixture
+async def answerer(tmp_path: Path) -> AsyncIterator[Answerer]:
+    a = Answerer(tmp_path / "answerer.sock")
+    await until(lambda: a.path.exists())
+    yield a
+    if a.proc.poll() is None:
+        os.kill(a.proc.pid, signal.SIGKILL)
+        a.proc.wait()
+
+
+@pytest.mark.parametrize("how", [signal.SIGSTOP, signal.SIGUSR1], ids=["stopped", "wedged"])
+async def test_unanswering_process_is_killed_after_its_misses_and_started_again(
+    answerer: Answerer, how: signal.Signals
+) -> None:
+    sup = Supervisor(FAST, liveness=QUICK)
+    sup.watch(answerer.watch())
+    try:
+        await asyncio.sleep(1.0)  # several probes answered: armed, and nothing killed
+        assert answerer.spawned == 1 and not sup.notices
+        frozen = answerer.proc
+        os.kill(frozen.pid, how)
+        t0 = asyncio.get_running_loop().time()
+        await until(lambda: answerer.spawned == 2, within=5)
+        took = asyncio.get_running_loop().time() - t0
+        assert frozen.poll() == -signal.SIGKILL  # killed while stopped or blocked
+        assert took <= QUICK.kill_within + FAST.initial + 0.5
+        kinds = [n.kind for n in sup.notices]
+        assert kinds == ["unresponsive", "exited", "restarted"]
+        assert "3 probes in a row unanswered" in sup.notices[0].detail
+        # The fresh process answers and is left alone.
+        await until(lambda: answerer.path.exists())
+        await asyncio.sleep(1.0)
+        assert answerer.spawned == 2 and await probe_unix(str(answerer.path), 1.0)
+    finally:
+        await sup.stop()
+
+
+async def test_held_process_may_freeze_without_being_killed(answerer: Answerer) -> None:
+    sup = Supervisor(FAST, liveness=QUICK)
+    sup.watch(answerer.watch())
+    try:
+        await asyncio.sleep(0.6)
+        with sup.hold("answerer"):
+            os.kill(answerer.proc.pid, signal.SIGSTOP)
+            await asyncio.sleep(QUICK.kill_within + 0.5)
+            assert answerer.proc.poll() is None and not sup.notices
+            os.kill(answerer.proc.pid, signal.SIGCONT)
+        await asyncio.sleep(1.0)  # judged afresh once released: it answers again
+        assert answerer.spawned == 1 and not sup.notices
+    finally:
+        await sup.stop()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from tests.chaos import invariants as inv
@@ -220,6 +222,43 @@ def test_reconverged_and_failover() -> None:
     late = inv.failover(100.0, 104.7, 3.0, "c2")
     assert not late.ok and "4.7 s" in late.detail
     assert not inv.failover(100.0, None, 3.0, "c2").ok
+
+
+def test_latency_bound_counts_from_the_first_attempt() -> None:
+    fast = [ok(t=float(i)) for i in range(99)]
+    c = inv.latency_bound(fast, 5.0)
+    assert c.ok and "99 requests within 5 s: p50 1.00 s, p99 1.00 s, max 1.00 s" in c.detail
+    hung = Outcome("a", 2, True, 10.0, 16.5, 200, "", REFS["a"], True, retried=True)
+    c = inv.latency_bound([*fast, hung], 5.0)
+    assert not c.ok and "1 of 100 took over 5 s" in c.detail and "1 retried after a reset" in c.detail
+    assert not inv.latency_bound([], 5.0).ok
+
+
+def test_replica_replaced() -> None:
+    good: dict[str, Any] = {
+        "frozen_at": 100.0,
+        "killed_at": 102.8,
+        "within": 3.0,
+        "pid_before": 10,
+        "pid_after": 11,
+        "served_after": 40.0,
+        "restarts": 1,
+        "continued": False,
+    }
+    c = inv.replica_replaced(**good)
+    assert c.ok and "killed 2.8 s after it froze" in c.detail
+    changes: list[tuple[dict[str, Any], str]] = [
+        ({"killed_at": None}, "never taken out"),
+        ({"killed_at": 104.0}, "killed only 4.0 s"),
+        ({"pid_after": 10}, "no new process"),
+        ({"pid_after": None}, "no new process"),
+        ({"served_after": 0.0}, "served no request"),
+        ({"restarts": 2}, "restarted 2×"),
+        ({"continued": True}, "still there for the SIGCONT"),
+    ]
+    for change, says in changes:
+        c = inv.replica_replaced(**{**good, **change})
+        assert not c.ok and says in c.detail, change
 
 
 def test_explained() -> None:

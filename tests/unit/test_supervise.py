@@ -44,6 +44,19 @@ def test_backoff_doubles_caps_and_resets_after_a_stable_run(
             Notice("nodeagent-union-0", "failed", 1, 4.0, 3, detail="port in use"),
             "could not restart nodeagent-union-0 (exit 1): port in use; trying again",
         ),
+        (
+            Notice(
+                "coordinator-2",
+                "unresponsive",
+                None,
+                0.0,
+                0,
+                detail="3 probes in a row unanswered, silent 3.1 s",
+            ),
+            "coordinator-2 stopped answering its liveness probe (3 probes in a row unanswered, "
+            "silent 3.1 s): killed to take it out of the port, a fresh one follows; if this "
+            "repeats, its log says what it was doing",
+        ),
     ],
 )
 def test_notice_lines(notice: Notice, line: str) -> None:
