@@ -8,17 +8,21 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 SEEDS = 200
 
 
+# ~70 s on an idle 2-core machine; a machine busy with other work takes several times that.
+@pytest.mark.timeout(1500)
 def test_200_seeded_schedules_hold_every_invariant() -> None:
     run = subprocess.run(
         [sys.executable, "-m", "tests.sim", str(SEEDS)],
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=280,
+        timeout=1400,
     )
     print(run.stdout)
     assert run.returncode == 0, (
