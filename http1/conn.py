@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 
 LINGER = 2.0  # seconds a rejected connection is drained before it is closed
 _FD_RESERVE = 256  # descriptors kept for everything that is not a client connection
+SWEEP_BATCH = 128  # timed-out connections ended per turn of the event loop
 
 
 class LimitedProtocol(asyncio.Protocol):
@@ -323,25 +324,36 @@ class Watchdog:
 
     def _sweep(self) -> None:
         now = self.loop.time()
-        header_by = now - self.limits.header_timeout
-        idle_by = now - self.limits.idle_timeout
-        body_by = now - self.limits.body_timeout
-        for c in list(self.conns):
-            if c.lingering or c.closed:
-                continue
-            since = c.head.since
-            if since is not None and since < header_by:
-                c.on_timeout("header")
-            elif c.body_since is not None and c.body_since < body_by:
-                c.on_timeout("body")
-            elif c.idle_since is not None and c.idle_since < idle_by:
-                c.on_timeout("idle")
+        self._expire([c for c in self.conns if self._due(c, now) is not None], now)
         for t, deadline in list(self._lingering.items()):
             if deadline <= now:
                 del self._lingering[t]
                 t.close()
         busy = self.conns or self._lingering
         self._sweeper = self.loop.call_later(self._tick, self._sweep) if busy else None
+
+    def _due(self, c: LimitedProtocol, now: float) -> str | None:
+        """Which timeout `c` has run out of at `now`, if any."""
+        if c.lingering or c.closed:
+            return None
+        since = c.head.since
+        if since is not None and since < now - self.limits.header_timeout:
+            return "header"
+        if c.body_since is not None and c.body_since < now - self.limits.body_timeout:
+            return "body"
+        if c.idle_since is not None and c.idle_since < now - self.limits.idle_timeout:
+            return "idle"
+        return None
+
+    def _expire(self, due: list[LimitedProtocol], now: float) -> None:
+        """End `SWEEP_BATCH` of the connections `due`, the rest after the loop's other work:
+        thousands of slow connections timing out together must not stall serving."""
+        for c in due[:SWEEP_BATCH]:
+            kind = self._due(c, now)  # it may have caught up, or gone, meanwhile
+            if kind is not None:
+                c.on_timeout(kind)
+        if len(due) > SWEEP_BATCH:
+            self.loop.call_soon(self._expire, due[SWEEP_BATCH:], now)
 
 
 def fit_cap(want: int, fds_per_conn: int) -> int:
