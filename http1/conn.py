@@ -52,7 +52,10 @@ class LimitedProtocol(asyncio.Protocol):
         self.limits = watchdog.limits
         self.loop = watchdog.loop
         self.transport: asyncio.Transport | None = None
-        self.parser = httptools.HttpRequestParser(self)
+        # The parser holds this protocol's callbacks: a cycle, let go of at connection_lost so
+        # a closed connection is freed by reference counting, not by the cyclic collector
+        # (whose full passes over thousands of churned connections stalled the loop ~1 s).
+        self.parser: httptools.HttpRequestParser | None = httptools.HttpRequestParser(self)
         self.head = HeadReader(self.limits)
         self.idle_since: float | None = None  # waiting for the client's bytes since (idle timeout)
         self.body_since: float | None = None  # the current body is owed since (body deadline)
@@ -106,7 +109,7 @@ class LimitedProtocol(asyncio.Protocol):
         self.head.since = self.loop.time()  # a new connection owes a head within the timeout
 
     def data_received(self, data: bytes) -> None:
-        if self.lingering or self._deferred is not None:
+        if self.lingering or self._deferred is not None or self.parser is None:
             return
         try:
             self.head.feed(self.parser, data)
@@ -119,6 +122,7 @@ class LimitedProtocol(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self.parser = None
         self.watchdog.drop(self)
 
     # ------------------------------------------------------------------ parser callbacks

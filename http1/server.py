@@ -199,13 +199,15 @@ class ClientConn(LimitedProtocol):
         super().on_message_complete()
         if self.closed:
             return  # an earlier request on this connection ended it
+        parser = self.parser
+        assert parser is not None  # it is the one calling
         body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
         req = Request(
-            self.parser.get_method(),
+            parser.get_method(),
             self.head.url,
             self._headers,
             body,
-            self.parser.should_keep_alive(),
+            parser.should_keep_alive(),
             self._too_large,
             self.normalize_paths,
         )
