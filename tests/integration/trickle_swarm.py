@@ -26,7 +26,7 @@ import orjson
 
 MAX_BODY = 8 * 1024 * 1024  # coordinator.max_body_bytes' default
 DRIP_EVERY = 2.0
-RECONNECT_AFTER = 10.0
+RECONNECT_AFTER = 5.0
 FLOODERS = 40
 _KEYLESS = b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n" % MAX_BODY
 OPENING = {
