@@ -28,6 +28,7 @@ from coordinator.enginemetrics import install_engine_metrics
 from coordinator.errors import CoordinatorError
 from coordinator.mgmt_schema import ALARM_BODY, ERRORS, REFRESH_BODY
 from coordinator.refresh import validate_refresh
+from core.coordconfig import CoordinatorConfig
 from core.events import InstancesRefreshed, PrecisionAlarmCleared, PrecisionAlarmClearedData
 from core.http_errors import openai_error
 from core.ids import new_id
@@ -98,19 +99,25 @@ async def _append(ctx: CoordinatorContext, event: InstancesRefreshed | Precision
     return seq
 
 
-def _guarded(ctx: CoordinatorContext) -> tuple[Guard, Callable[[str], Access]]:
-    s = ctx.settings
-    guard = Guard(s.api_keys, s.admin_keys, admin_field="coordinator.admin_keys")
+def mgmt_access(settings: CoordinatorConfig) -> Callable[[str], Access]:
+    """What each management path needs (by normalised path): the app's middleware and the
+    server core's head check (`coordinator.proxy.app`) both ask this."""
     # Metrics stay where a Prometheus scraper reaches them without a key, unless told otherwise.
     metrics = {METRICS, "/metrics/engines", "/instance/metrics"}
-    public = PROBES | metrics if s.public_metrics else PROBES
-    if s.api_keys and not s.admin_keys:
-        log.warning("coordinator.api_keys is set but admin_keys is empty: management refuses every request")
+    public = PROBES | metrics if settings.public_metrics else PROBES
 
     def access(path: str) -> Access:
         return Access.PUBLIC if path in public else Access.ADMIN
 
-    return guard, access
+    return access
+
+
+def _guarded(ctx: CoordinatorContext) -> tuple[Guard, Callable[[str], Access]]:
+    s = ctx.settings
+    guard = Guard(s.api_keys, s.admin_keys, admin_field="coordinator.admin_keys")
+    if s.api_keys and not s.admin_keys:
+        log.warning("coordinator.api_keys is set but admin_keys is empty: management refuses every request")
+    return guard, mgmt_access(s)
 
 
 def create_mgmt_app(ctx: CoordinatorContext) -> FastAPI:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 from dataclasses import dataclass
@@ -23,14 +24,14 @@ from coordinator.context import CoordinatorContext
 from coordinator.faultlog import FaultLog, Outbox
 from coordinator.feed import follow_log
 from coordinator.metrics import BREAKER_CLOSED, BREAKER_HALF_OPEN, BREAKER_OPEN
-from coordinator.mgmt import create_mgmt_app
+from coordinator.mgmt import create_mgmt_app, mgmt_access
 from coordinator.policies import Policy, make_policy
 from coordinator.proxy.admit import Admission
 from coordinator.proxy.app import ProxyApp
 from coordinator.proxy.asgi import ASGIApp, Lifespan
 from coordinator.proxy.attempts import Attempts
 from coordinator.proxy.legs import Legs
-from coordinator.proxy.mgmtport import start_mgmt_server, start_mgmt_unix
+from coordinator.proxy.mgmtport import mgmt_head, start_mgmt_server, start_mgmt_unix
 from coordinator.proxy.pipeline import Pipeline
 from coordinator.proxy.pool import UpstreamPool, Upstreams
 from coordinator.proxy.precision import PrecisionHook
@@ -158,7 +159,13 @@ def build_proxy(
         request_timeout=s.request_timeout,
     )
     app = ProxyApp(
-        pipeline, table, guard, metrics=metrics, mgmt_app=mgmt_app, mgmt_probes_only=s.mgmt_port is not None
+        pipeline,
+        table,
+        guard,
+        metrics=metrics,
+        mgmt_app=mgmt_app,
+        mgmt_probes_only=s.mgmt_port is not None,
+        mgmt_access=mgmt_access(s),
     )
     return Proxy(app, ups, faults, outbox)
 
@@ -229,7 +236,10 @@ class CoordinatorService:
                 mgmt, self.probe_socket, max_body=self.settings.max_body_bytes, limits=limits
             )
             log.info("coordinator liveness and management on the unix socket %s", self.probe_socket)
-        self.server = ProxyServer(self._proxy.app, max_body=self.settings.max_body_bytes, limits=limits)
+        app = self._proxy.app
+        self.server = ProxyServer(
+            app, max_body=self.settings.max_body_bytes, limits=limits, head_check=app.head
+        )
         await self.server.start(self.host, self.want_port, reuse_port=self.reuse_port)
         log.info("coordinator listening on http://%s:%d", self.host, self.port)
         http = HttpCollector("motor_coordinator")
@@ -244,6 +254,7 @@ class CoordinatorService:
                 max_body=self.settings.max_body_bytes,
                 limits=limits,
                 reuse_port=self.reuse_port,
+                head_check=mgmt_head(app.guard, mgmt_access(self.settings)),
             )
             assert self.mgmt_server.watchdog is not None
             http.add(self.mgmt_server.watchdog)
@@ -276,6 +287,10 @@ class CoordinatorService:
 async def run(service: CoordinatorService, stop: asyncio.Event) -> None:
     """Start, serve until `stop` is set, then shut down."""
     await service.start()
+    # What start-up made (modules, the apps, the table) lives as long as the process: frozen,
+    # the cyclic collector no longer walks it on every full pass, which under thousands of
+    # connections was a stall of the event loop each time.
+    gc.freeze()
     try:
         await stop.wait()
     finally:

@@ -38,6 +38,9 @@ class HttpLimitsConfig(Strict):
     max_header_bytes: int = Field(64 * 1024, ge=1024)  # 431 beyond
     max_header_fields: int = Field(100, ge=8)  # 431 beyond
     header_timeout: float = Field(10.0, gt=0)  # a request head must arrive within this (408)
+    # A whole body must arrive within this from the end of its head (408); bytes trickled do
+    # not extend it (they reset only the idle timer).
+    body_timeout: float = Field(30.0, gt=0)
     idle_timeout: float = Field(60.0, gt=0)  # keep-alive: closed after this long without a request
     max_connections: int = Field(4096, ge=1)  # 503 beyond
 

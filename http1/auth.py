@@ -32,6 +32,14 @@ class Access(Enum):
     ADMIN = "admin"
 
 
+class Pass(Enum):
+    """Why a request may go on: what the server core trusts a connection by (`http1.conn`)."""
+
+    KEYED = "keyed"  # it carries a key this route takes
+    OPEN = "open"  # no key is configured for this route: every client is equal
+    ANONYMOUS = "anonymous"  # a public route (a probe, /metrics) reached without a valid key
+
+
 @dataclass(frozen=True, slots=True)
 class Denial:
     """Why a request is refused: 401 (no valid key) or 403 (a user key on an admin route)."""
@@ -114,16 +122,24 @@ class Guard:
 
     def check(self, access: Access, get: Callable[[bytes], bytes | None]) -> Denial | None:
         """None when a request with these headers may use a route of this access."""
-        if access is Access.PUBLIC or not self.enabled:
-            return None
+        verdict = self.judge(access, get)
+        return verdict if isinstance(verdict, Denial) else None
+
+    def judge(self, access: Access, get: Callable[[bytes], bytes | None]) -> Denial | Pass:
+        """The one key check: a `Denial`, or how the request passes (the server core trusts a
+        connection by it on the request head, before any body byte; handlers use `check`)."""
+        if not self.enabled:
+            return Pass.OPEN
         if access is Access.USER and not self.user:
-            return None  # only management is locked
+            return Pass.OPEN  # only management is locked
         keys = presented_keys(get)
         if any(self.admin.matches(k) for k in keys):
-            return None
+            return Pass.KEYED
         is_user = any(self.user.matches(k) for k in keys)
+        if access is Access.PUBLIC:
+            return Pass.KEYED if is_user else Pass.ANONYMOUS
         if access is Access.USER and is_user:
-            return None
+            return Pass.KEYED
         if is_user:
             why = f" (and {self.admin_field} is empty)" if not self.admin else ""
             return Denial(

@@ -18,11 +18,14 @@ from core.coordconfig import HttpLimitsConfig
 class LimitExceeded(Exception):
     """A request broke a limit: answered with `status` and the connection closed."""
 
-    def __init__(self, status: int, message: str, code: str) -> None:
+    def __init__(
+        self, status: int, message: str, code: str, headers: list[tuple[bytes, bytes]] | None = None
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.code = code
+        self.headers = headers  # added to the answer (`www-authenticate` on a 401)
 
 
 def head_budget(limits: HttpLimitsConfig) -> int:

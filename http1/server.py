@@ -12,6 +12,15 @@ request answered 500 with one log line naming it, and the connection keeps servi
 the answer was already written, the connection is closed instead. Heads are read within the
 server's `HttpLimitsConfig` (`http1.conn`); a body over `max_body` is dropped as it arrives and
 the request is marked `too_large` for the handler to refuse.
+
+A server that checks keys brings a head check too (`HeadCheck`: the same `Guard.judge` its
+handler's checks call), run on every request head before a byte of its body is buffered: a
+request without a valid key is answered 401 there and its connection closed unread, so an
+anonymous client can hold neither a body nor a connection slot for long. A head that passes
+with a key trusts its connection (`http1.conn`: never evicted at the cap); one that reaches a
+public route without a key (a probe) may carry a body of `ANONYMOUS_MAX_BODY` at most and
+have one request queued behind the one being served, where a trusted one may pipeline
+`MAX_PIPELINED`.
 """
 
 from __future__ import annotations
@@ -25,17 +34,23 @@ from typing import Any, Protocol
 
 from core.coordconfig import HttpLimitsConfig
 from http1 import wire
+from http1.auth import AUTHENTICATE, Denial, Pass
 from http1.conn import LimitedProtocol, Watchdog
+from http1.head import LimitExceeded
 from http1.request import Request, normal_path
 
 log = logging.getLogger(__name__)
 
-MAX_PIPELINED = 32  # pause reading past this many requests queued on one connection
+MAX_PIPELINED = 32  # pause reading past this many requests queued on a trusted connection
+# A body a public route takes without a key (a probe, /metrics: they read none): 413 beyond.
+ANONYMOUS_MAX_BODY = 16 * 1024
 
 
 Handler = Callable[["ClientConn", Request], Awaitable[None] | None]
 # (path, status, message, code) -> every refusal's and 500's body (the path picks a dialect).
 ErrorBody = Callable[[bytes, int, str, str | None], bytes]
+# (normalised path, headers) of a request head -> its key check (`Guard.judge`), before the body.
+HeadCheck = Callable[[bytes, dict[bytes, bytes]], Denial | Pass]
 
 
 class Relay(Protocol):
@@ -62,12 +77,14 @@ class ClientConn(LimitedProtocol):
         max_body: int,
         error_body: ErrorBody,
         normalize_paths: bool = True,
+        head_check: HeadCheck | None = None,
     ) -> None:
         super().__init__(watchdog)
         self.handler = handler
         self.max_body = max_body
         self.error_body = error_body
         self.normalize_paths = normalize_paths
+        self.head_check = head_check
         self.queue: deque[Request] = deque()
         self.task: asyncio.Task[None] | None = None  # the one running the handler, if it waits
         self.paused_reading = False
@@ -81,6 +98,7 @@ class ClientConn(LimitedProtocol):
         self._body: list[bytes] = []
         self._body_len = 0
         self._too_large = False
+        self._anonymous = False  # the current request passed its head check without a key
 
     # ------------------------------------------------------------------ transport
 
@@ -114,10 +132,17 @@ class ClientConn(LimitedProtocol):
         if self.drain_waiter is not None and not self.drain_waiter.done():
             self.drain_waiter.set_result(None)
 
-    def error_response(self, status: int, message: str, code: str) -> bytes:
-        raw = self.head.url.partition(b"?")[0]  # refused mid-head: the path read so far, if any
-        path = normal_path(raw) if raw and self.normalize_paths else raw
-        return wire.simple_response(status, self.error_body(path, status, message, code), keep_alive=False)
+    def error_response(
+        self, status: int, message: str, code: str, extra: list[tuple[bytes, bytes]] | None = None
+    ) -> bytes:
+        path = self._head_path()
+        body = self.error_body(path, status, message, code)
+        return wire.simple_response(status, body, keep_alive=False, extra=extra)
+
+    def _head_path(self) -> bytes:
+        """The path of the head being read, as routes see it (refused mid-head: what was read)."""
+        raw = self.head.url.partition(b"?")[0]
+        return normal_path(raw) if raw and self.normalize_paths else raw
 
     def busy(self) -> bool:
         return self.task is not None or bool(self.queue)
@@ -130,10 +155,23 @@ class ClientConn(LimitedProtocol):
         self._body = []
         self._body_len = 0
         self._too_large = False
+        self._anonymous = False
 
     def headers_done(self, headers: dict[bytes, bytes]) -> None:
         self._headers = headers
+        verdict = self.head_check(self._head_path(), headers) if self.head_check is not None else Pass.OPEN
+        if isinstance(verdict, Denial):
+            if verdict.status == 401:
+                # No valid key: refused on the head, the body never read (`LimitedProtocol`).
+                raise LimitExceeded(401, verdict.message, verdict.code, [AUTHENTICATE])
+            self.trust()  # a user key on an admin route: its handler answers the 403 as before
+        elif verdict is Pass.ANONYMOUS:
+            self._anonymous = True
+        else:
+            self.trust()
         cl = headers.get(b"content-length")
+        if self._anonymous and cl is not None and (not cl.isdigit() or int(cl) > ANONYMOUS_MAX_BODY):
+            raise LimitExceeded(413, _anonymous_too_large(), "body_too_large")
         if cl is not None and cl.isdigit() and int(cl) > self.max_body:
             self._too_large = True
         expect = headers.get(b"expect")
@@ -149,6 +187,8 @@ class ClientConn(LimitedProtocol):
         if self._too_large:
             return
         self._body_len += len(body)
+        if self._anonymous and self._body_len > ANONYMOUS_MAX_BODY:
+            raise LimitExceeded(413, _anonymous_too_large(), "body_too_large")
         if self._body_len > self.max_body:
             self._too_large = True
             self._body = []
@@ -159,20 +199,23 @@ class ClientConn(LimitedProtocol):
         super().on_message_complete()
         if self.closed:
             return  # an earlier request on this connection ended it
+        parser = self.parser
+        assert parser is not None  # it is the one calling
         body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
         req = Request(
-            self.parser.get_method(),
+            parser.get_method(),
             self.head.url,
             self._headers,
             body,
-            self.parser.should_keep_alive(),
+            parser.should_keep_alive(),
             self._too_large,
             self.normalize_paths,
         )
         self._body = []
         if self.task is not None or self.queue:
             self.queue.append(req)
-            if len(self.queue) >= MAX_PIPELINED and self.transport is not None and not self.paused_reading:
+            ahead = MAX_PIPELINED if self.trusted else 1
+            if len(self.queue) >= ahead and self.transport is not None and not self.paused_reading:
                 self.paused_reading = True
                 self.transport.pause_reading()
         else:
@@ -273,6 +316,10 @@ class ClientConn(LimitedProtocol):
         self.write(data[: len(data) - len(body)] if req.method == b"HEAD" and body else data)
 
 
+def _anonymous_too_large() -> str:
+    return f"a request without a key may carry {ANONYMOUS_MAX_BODY} body bytes at most"
+
+
 class Server:
     """Owns the listening socket, its connections' watchdog (cap, timeouts) and the handler."""
 
@@ -285,8 +332,10 @@ class Server:
         limits: HttpLimitsConfig | None = None,
         fds_per_conn: int = 1,
         normalize_paths: bool = True,
+        head_check: HeadCheck | None = None,
     ) -> None:
         self.handler = handler
+        self.head_check = head_check  # see the module's docstring
         self.error_body = error_body
         self.max_body = max_body
         self.normalize_paths = normalize_paths  # `Request.path` normalised (see there)
@@ -307,16 +356,22 @@ class Server:
         `reuse_port` shares the port with other processes (coordinator replicas)."""
         loop = asyncio.get_running_loop()
         watchdog = self.watchdog = Watchdog(self.limits, loop, fds_per_conn=self.fds_per_conn)
-        handler, max_body, error_body, normalize = (
+        handler, max_body, error_body, normalize, head_check = (
             self.handler,
             self.max_body,
             self.error_body,
             self.normalize_paths,
+            self.head_check,
         )
 
         def factory() -> ClientConn:
             return ClientConn(
-                handler, watchdog, max_body=max_body, error_body=error_body, normalize_paths=normalize
+                handler,
+                watchdog,
+                max_body=max_body,
+                error_body=error_body,
+                normalize_paths=normalize,
+                head_check=head_check,
             )
 
         if sock is not None:

@@ -6,11 +6,16 @@ own port, only the probes do.
 
 Routing and key checks both use the request's normalised path (`Request.path`). Errors on the
 Anthropic routes are Anthropic-shaped, every other one OpenAI-shaped.
+
+`head` is the server core's head check (`http1.server`): the key check of the route a path
+goes to (a client route or a model view: a user key; a management path: what the management
+app asks), on the head, before the body is read. The handlers check again on the whole
+request (admission, the management middleware): the same `Guard`, so the two cannot differ.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 
 import orjson
 
@@ -22,7 +27,7 @@ from coordinator.proxy.asgi import ASGIApp, serve_asgi
 from coordinator.proxy.pipeline import Pipeline
 from coordinator.proxy.routes import ROUTES
 from coordinator.table import RoutingTable
-from http1.auth import PROBES, Guard
+from http1.auth import PROBES, Access, Denial, Guard, Pass
 from http1.request import Request
 from http1.server import ClientConn
 
@@ -44,6 +49,7 @@ class ProxyApp:
         metrics: CoordinatorMetrics | None = None,
         mgmt_app: ASGIApp | None = None,
         mgmt_probes_only: bool = False,
+        mgmt_access: Callable[[str], Access] | None = None,
     ) -> None:
         self.pipeline = pipeline
         self.table = table
@@ -52,6 +58,18 @@ class ProxyApp:
         self.mgmt = mgmt_app
         # With management on its own port, this port hands the management app only the probes.
         self.mgmt_probes_only = mgmt_probes_only
+        # What a management path needs (`coordinator.mgmt.mgmt_access`); None: admin keys.
+        self.mgmt_access = mgmt_access
+
+    def head(self, path: bytes, headers: dict[bytes, bytes]) -> Denial | Pass:
+        """The key check of the route `path` goes to, on the request's head (`http1.server`)."""
+        here = path in ROUTES or path in (MODELS, COUNT_TOKENS) or path.startswith(MODEL_PREFIX)
+        if not here and self.mgmt is not None and (not self.mgmt_probes_only or path in _PROBES):
+            name = path.decode("latin-1")
+            access = self.mgmt_access(name) if self.mgmt_access is not None else Access.ADMIN
+            return self.guard.judge(access, headers.get)
+        # A client route, a model view, or no route at all (its 404 is for keyed clients).
+        return self.guard.judge(Access.USER, headers.get)
 
     def __call__(self, conn: ClientConn, req: Request) -> Awaitable[None] | None:
         # Returns the pipeline's coroutine (the server runs it as the request's task) or None

@@ -3,25 +3,35 @@
 With `coordinator.mgmt_port` set, the management app is served on its own listener too,
 so a controller or an operator tool reaches probes, metrics, refresh and alarm clearing
 there, apart from the client traffic on `coordinator.port`. The `/v1` generation routes are
+<<<<<<< HEAD
 not on it; the management app checks admin keys itself (`coordinator.mgmt`).
 
 A replica also serves the management app on a private Unix socket (`--probe-socket`) when
 its supervisor asks: replicas share their ports, so only there does a probe of `/liveness`
 (or a scrape of `/metrics`) reach this one replica (`deploy.liveness`).
+=======
+not on it; the management app checks admin keys itself (`coordinator.mgmt`), and the server
+core checks the same keys on each request's head first (`mgmt_head`).
+>>>>>>> x-wt-k8s
 """
 
 from __future__ import annotations
 
+<<<<<<< HEAD
 import contextlib
 import os
 import socket
 import stat
+=======
+from collections.abc import Callable
+>>>>>>> x-wt-k8s
 
 from coordinator.proxy.asgi import ASGIApp, serve_asgi
 from coordinator.proxy.server import ProxyServer
 from core.coordconfig import HttpLimitsConfig
+from http1.auth import Access, Denial, Guard, Pass
 from http1.request import Request
-from http1.server import ClientConn
+from http1.server import ClientConn, HeadCheck
 
 
 class MgmtOnly:
@@ -34,6 +44,15 @@ class MgmtOnly:
         await serve_asgi(self.mgmt, conn, req)
 
 
+def mgmt_head(guard: Guard, access: Callable[[str], Access]) -> HeadCheck:
+    """The management port's head check: what each path needs, asked of the app's `Guard`."""
+
+    def head(path: bytes, headers: dict[bytes, bytes]) -> Denial | Pass:
+        return guard.judge(access(path.decode("latin-1")), headers.get)
+
+    return head
+
+
 async def start_mgmt_server(
     mgmt_app: ASGIApp,
     host: str,
@@ -42,10 +61,11 @@ async def start_mgmt_server(
     max_body: int,
     limits: HttpLimitsConfig | None = None,
     reuse_port: bool = False,
+    head_check: HeadCheck | None = None,
 ) -> ProxyServer:
     """Listen on the management port (within the HTTP `limits`; shared by replicas with
-    `reuse_port`); the caller stops the server."""
-    server = ProxyServer(MgmtOnly(mgmt_app), max_body=max_body, limits=limits)
+    `reuse_port`; keys checked on the head with `head_check`); the caller stops the server."""
+    server = ProxyServer(MgmtOnly(mgmt_app), max_body=max_body, limits=limits, head_check=head_check)
     await server.start(host, port, reuse_port=reuse_port)
     return server
 

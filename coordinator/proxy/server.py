@@ -13,11 +13,26 @@ from __future__ import annotations
 
 from coordinator.errors import error_for_path
 from core.coordconfig import HttpLimitsConfig
-from http1.server import Handler, Server
+from http1.server import Handler, HeadCheck, Server
 
 
 class ProxyServer(Server):
-    """A coordinator port: `handler` serves every request on it."""
+    """A coordinator port: `handler` serves every request on it, `head_check` checks keys on
+    each head first (`http1.server`)."""
 
-    def __init__(self, handler: Handler, *, max_body: int, limits: HttpLimitsConfig | None = None) -> None:
-        super().__init__(handler, error_body=error_for_path, max_body=max_body, limits=limits, fds_per_conn=2)
+    def __init__(
+        self,
+        handler: Handler,
+        *,
+        max_body: int,
+        limits: HttpLimitsConfig | None = None,
+        head_check: HeadCheck | None = None,
+    ) -> None:
+        super().__init__(
+            handler,
+            error_body=error_for_path,
+            max_body=max_body,
+            limits=limits,
+            fds_per_conn=2,
+            head_check=head_check,
+        )

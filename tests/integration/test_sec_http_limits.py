@@ -1,6 +1,6 @@
 """HTTP limits (issue 12, item 4) on both servers we write, the coordinator's /v1 port and the
 builtin engine's: request line, header size and count, header and idle timeouts, the
-connection cap; each against the real process.
+connection cap, the body deadline (issue 24 item 2); each against the real process.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ from tests.integration.rawhttp import Reply, closed_within, exchange, read_reply
 
 HEADER_TIMEOUT = 1.0
 IDLE_TIMEOUT = 1.5
-LIMITS = {"header_timeout": HEADER_TIMEOUT, "idle_timeout": IDLE_TIMEOUT}
+BODY_TIMEOUT = 2.0
+LIMITS = {"header_timeout": HEADER_TIMEOUT, "idle_timeout": IDLE_TIMEOUT, "body_timeout": BODY_TIMEOUT}
 
 
 @dataclass
@@ -97,6 +98,29 @@ async def test_slowloris_is_closed_within_the_header_timeout(server: Server) -> 
     assert closed, "a slowloris connection stayed open past the header timeout"
     assert time.monotonic() - t0 >= HEADER_TIMEOUT * 0.9
     assert got.startswith(b"HTTP/1.1 408 "), got[:200]
+
+
+async def test_a_trickled_body_is_answered_408_at_the_body_deadline(server: Server) -> None:
+    # Every byte resets the idle timer (1.5 s); the deadline runs from the end of the head.
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    path = "/v1/chat/completions" if server.kind == "coordinator" else "/v1/completions"
+    writer.write(f"POST {path} HTTP/1.1\r\nhost: x\r\ncontent-length: 10000\r\n\r\n".encode())
+    t0 = time.monotonic()
+
+    async def drip() -> None:
+        for _ in range(100):
+            writer.write(b" ")
+            await asyncio.sleep(0.2)
+
+    dripping = asyncio.create_task(drip())
+    try:
+        reply = await read_reply(reader, within=BODY_TIMEOUT + 4.0)
+    finally:
+        dripping.cancel()
+        writer.close()
+    assert reply.status == 408, reply
+    _error_body(reply)
+    assert BODY_TIMEOUT * 0.9 <= time.monotonic() - t0 < BODY_TIMEOUT + 3.0
 
 
 async def test_a_silent_connection_is_closed_within_the_header_timeout(server: Server) -> None:

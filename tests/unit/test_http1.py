@@ -8,7 +8,7 @@ import httptools
 import pytest
 
 from core.coordconfig import HttpLimitsConfig
-from http1.auth import Access, Guard, normalize_path, presented_keys
+from http1.auth import Access, Denial, Guard, Pass, normalize_path, presented_keys
 from http1.head import HeadReader, LimitExceeded, head_budget
 
 
@@ -66,6 +66,35 @@ def test_guard(
 ) -> None:
     denial = Guard(users, admins).check(access, headers.get)
     assert (denial.status if denial else None) == want
+
+
+@pytest.mark.parametrize(
+    ("users", "admins", "access", "headers", "want"),
+    [
+        ((), (), Access.USER, {}, Pass.OPEN),  # no key anywhere: every client is equal
+        (("u",), (), Access.USER, _headers(authorization="Bearer u"), Pass.KEYED),
+        (("u",), (), Access.USER, {}, 401),
+        (("u",), (), Access.PUBLIC, {}, Pass.ANONYMOUS),  # a probe without a key: not trusted
+        (("u",), (), Access.PUBLIC, _headers(x_api_key="u"), Pass.KEYED),
+        (("u",), (), Access.PUBLIC, _headers(x_api_key="wrong"), Pass.ANONYMOUS),
+        (("u",), ("a",), Access.ADMIN, _headers(x_api_key="a"), Pass.KEYED),
+        (("u",), ("a",), Access.ADMIN, _headers(x_api_key="u"), 403),
+        ((), ("a",), Access.USER, {}, Pass.OPEN),  # only management locked
+        ((), ("a",), Access.PUBLIC, {}, Pass.ANONYMOUS),
+    ],
+)
+def test_judge_is_what_the_head_check_trusts_by(
+    users: tuple[str, ...],
+    admins: tuple[str, ...],
+    access: Access,
+    headers: dict[bytes, bytes],
+    want: Pass | int,
+) -> None:
+    guard = Guard(users, admins)
+    verdict = guard.judge(access, headers.get)
+    assert (verdict.status if isinstance(verdict, Denial) else verdict) == want
+    # `check` (the handlers') is the same verdict: refused exactly when judged a Denial.
+    assert (guard.check(access, headers.get) is not None) == isinstance(verdict, Denial)
 
 
 def test_presented_keys_reads_both_headers() -> None:
