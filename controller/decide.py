@@ -12,6 +12,7 @@ from controller.assembly import assemble
 from controller.cleanup import cleanup
 from controller.instance_rules import reconcile, replace_cause
 from controller.liveness import liveness
+from controller.restate import restate
 from controller.rule_context import Ctx, Decision
 from controller.start_rules import stop_again
 from core.config import ClusterConfig
@@ -80,6 +81,9 @@ def decide(
         out += assemble(ctx, busy)
     # Last, and only for instances nothing else touched: heartbeat moves never gate the others.
     out += liveness(ctx, busy)
+    # Restating an instance that this batch moves would restate the state it leaves.
+    touched = {getattr(d.event.data, "instance_id", None) for d in out}
+    out += restate(ctx, busy | {i for i in touched if isinstance(i, int)} | held)
     return out
 
 
