@@ -4,7 +4,7 @@ MOTOR keeps events for `nats.max_age_days`. An instance that simply lives longer
 would vanish from every fold that starts from the log alone (a fresh coordinator, `motor
 status`, `motor replay`): its `instance.assembled` and the state change that made it ACTIVE
 age out while its engines serve. So once the newest statement of an instance (its assembly,
-or its last restatement) is older than `RESTATE_AT` of `max_age`, the leader appends an
+or its last restatement) is `core.ageout.RESTATE_AT` of `max_age` old, the leader appends an
 `instance.restated` carrying the spec and the state as its fold holds them. The reducer makes
 it a no-op for a fold that knows the instance (only `restated_ts` moves) and the whole
 instance for one that does not; it sends no command, so one start per incarnation stands.
@@ -18,10 +18,9 @@ first: a fleet assembled in one go comes due in one go, and must not land as one
 from __future__ import annotations
 
 from controller.rule_context import Cause, Ctx, Decision
+from core.ageout import max_age_seconds, restate_due
 from core.state import InstanceRecord
 
-DAY = 86400.0
-RESTATE_AT = 0.5  # of max_age: half the window is left for a leader that was away to catch up
 RESTATE_PER_TICK = 64
 
 
@@ -30,19 +29,13 @@ def stated_ts(inst: InstanceRecord) -> float:
     return max(inst.assembled_ts, inst.restated_ts)
 
 
-def max_age_of(ctx: Ctx) -> float:
-    """MOTOR's max_age in seconds, as the config sets it."""
-    return ctx.cfg.nats.max_age_days * DAY
-
-
 def restate(ctx: Ctx, busy: set[int]) -> list[Decision]:
     """`instance.restated` for the instances (none of `busy`) whose facts are due, oldest first."""
-    max_age = max_age_of(ctx)
-    due_before = ctx.now - max_age * RESTATE_AT
+    max_age = max_age_seconds(ctx.cfg.nats)
     due = sorted(
         (stated_ts(inst), iid)
         for iid, inst in ctx.state.instances.items()
-        if iid not in busy and stated_ts(inst) <= due_before
+        if iid not in busy and restate_due(stated_ts(inst), ctx.now, max_age)
     )
     out: list[Decision] = []
     for stated, iid in due[:RESTATE_PER_TICK]:
