@@ -10,12 +10,17 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
+import pytest
+from pydantic import ValidationError
+
 from controller.restate import RESTATE_PER_TICK
 from coordinator.table import RoutingTable
 from core.config import NatsConfig
 from core.events import EndpointStatus, EventBase, InstanceRestated, InstanceState
 from core.reducer import apply, fold
-from core.state import ClusterState, state_to_dict
+from core.state import ClusterState, state_from_dict, state_to_dict
+from streams.definitions import DEDUPE_WINDOW, MOTOR_STREAM, stream_configs
 from tests.unit.controller_log import Log, config
 
 MAX_AGE = 120.0  # seconds
@@ -135,3 +140,36 @@ def test_restatements_are_bounded_per_decide_call() -> None:
     rest = log.step()
     assert len(rest) == 6
     assert log.decide() == []
+
+
+def test_a_restated_registration_of_a_node_that_moved_is_a_registration() -> None:
+    """Only the same node said again is a no-op: one that came back elsewhere (a restored
+    snapshot's new address) is registered as usual, its engines STARTING until they say so."""
+    log = short_log()
+    before = log.state.nodes["n1"]
+    log.register("n1", ip="10.9.9.9", restated=True, instance_id=1, running_endpoints=(0,))
+    after = log.state.nodes["n1"]
+    assert after.reg.pod_ip == "10.9.9.9" and after.registered_seq > before.registered_seq
+    assert after.endpoint_status == {0: EndpointStatus.STARTING}
+
+
+def test_a_restatement_survives_a_checkpoint() -> None:
+    log = short_log()
+    log.tick(MAX_AGE / 2 + 1)
+    log.step()
+    again = state_from_dict(orjson.loads(orjson.dumps(state_to_dict(log.state))))
+    assert again.instances[1].restated_ts == log.now
+
+
+def test_max_age_takes_fractions_of_a_day_down_to_ten_seconds() -> None:
+    assert NatsConfig(max_age_days=60 / 86400).max_age_days * 86400 == pytest.approx(60)
+    with pytest.raises(ValidationError, match="at least 10 s"):
+        NatsConfig(max_age_days=5 / 86400)
+
+
+def test_a_short_max_age_shortens_the_dedupe_window_with_it() -> None:
+    """JetStream refuses a duplicate window longer than max_age."""
+    motor = next(c for c in stream_configs(NatsConfig(max_age_days=30 / 86400)) if c.name == MOTOR_STREAM)
+    assert motor.max_age == pytest.approx(30) and motor.duplicate_window == pytest.approx(30)
+    shipped = next(c for c in stream_configs(NatsConfig()) if c.name == MOTOR_STREAM)
+    assert shipped.duplicate_window == DEDUPE_WINDOW
