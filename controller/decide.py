@@ -12,6 +12,7 @@ from controller.assembly import assemble
 from controller.cleanup import cleanup
 from controller.instance_rules import reconcile, replace_cause
 from controller.liveness import liveness
+from controller.restate import restate
 from controller.rule_context import Ctx, Decision
 from controller.start_rules import stop_again
 from core.config import ClusterConfig
@@ -78,6 +79,11 @@ def decide(
     out += stop_again(ctx)
     if not replacing and not any(_frees(d) for d in out):
         out += assemble(ctx, busy)
+    # Restating an instance this batch moves would restate the state it leaves. Before the
+    # heartbeat moves, and blind to them: a replay of MOTOR alone (no heartbeats) must make the
+    # same restatements, and a heartbeat move of the same instance lands after its restatement.
+    touched = {getattr(d.event.data, "instance_id", None) for d in out}
+    out += restate(ctx, busy | {i for i in touched if isinstance(i, int)} | held)
     # Last, and only for instances nothing else touched: heartbeat moves never gate the others.
     out += liveness(ctx, busy)
     return out

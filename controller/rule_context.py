@@ -25,6 +25,8 @@ from core.events import (
     FaultReportedData,
     InstanceAssembled,
     InstanceAssembledData,
+    InstanceRestated,
+    InstanceRestatedData,
     InstanceState,
     InstanceStateChanged,
     InstanceStateChangedData,
@@ -173,6 +175,22 @@ class Ctx:
         eid = derive_id("assemble", data.instance_id, *key)
         return Decision(
             InstanceAssembled(id=eid, ts=self.now, source=self.source, caused_by=cause.caused_by(), data=data)
+        )
+
+    def restated(self, inst: InstanceRecord, cause: Cause) -> Decision:
+        """Say the instance again as the fold holds it; the id names the statement it renews."""
+        eid = derive_id("restate", inst.instance_id, inst.assembled_id, inst.assembled_ts, inst.restated_ts)
+        data = InstanceRestatedData(
+            instance_id=inst.instance_id,
+            spec=inst.spec,
+            state=inst.state,
+            reason=inst.reason,
+            state_ts=inst.state_ts,
+            assembled_ts=inst.assembled_ts,
+            active_ts=inst.active_ts,
+        )
+        return Decision(
+            InstanceRestated(id=eid, ts=self.now, source=self.source, caused_by=cause.caused_by(), data=data)
         )
 
     def fault(

@@ -26,6 +26,7 @@ from controller.fold import Fold
 from controller.hearing import HeartbeatPath
 from controller.leadership import Leadership
 from controller.metrics import ControllerMetrics
+from core.ageout import max_age_seconds, restate_due
 from core.config import ClusterConfig
 from core.state import ClusterState
 from streams.checkpoint import Origin, load_checkpoint_origin, save_checkpoint
@@ -87,6 +88,7 @@ class ControllerService:
         self.caught_up = asyncio.Event()  # the LiveFold's: cleared while a lost log is folded again
         self.started = asyncio.Event()
         self.checkpoint_seq = 0
+        self._checkpoint_at = monotonic()  # steady time of the last checkpoint (or of the start)
         self.log: LiveFold | None = None
         self.leadership: Leadership | None = None
         self.heartbeat_path: HeartbeatPath | None = None  # whether heartbeats can land at all
@@ -299,8 +301,13 @@ class ControllerService:
             await self._maybe_checkpoint(motor)
 
     async def _maybe_checkpoint(self, motor: Log) -> None:
+        """Every `checkpoint_every` events, and on a quiet log before MOTOR's age-out: a
+        controller that starts later must find the commands that aged out (a fold of the log
+        alone would send each instance's start again)."""
         state = self.fold.state
-        if state.last_seq - self.checkpoint_seq < self.cfg.controller.checkpoint_every:
+        new = state.last_seq - self.checkpoint_seq
+        aging = new > 0 and restate_due(self._checkpoint_at, self.monotonic(), max_age_seconds(self.cfg.nats))
+        if new < self.cfg.controller.checkpoint_every and not aging:
             return
         try:
             await save_checkpoint(
@@ -310,6 +317,7 @@ class ControllerService:
             log.warning("checkpoint at seq %d failed: %s", state.last_seq, exc)
             return
         self.checkpoint_seq = state.last_seq
+        self._checkpoint_at = self.monotonic()
         self.metrics.checkpoints.inc()
 
     def _observe(self) -> None:

@@ -38,6 +38,9 @@ class TLSConfig(Strict):
         return self
 
 
+MIN_MAX_AGE = 10.0  # seconds: the shortest MOTOR max_age a config may ask for
+
+
 class NatsConfig(Strict):
     """Where NATS is and how to log in. Secrets belong in the environment or a context file
     (`MOTOR_NATS_CONTEXT`, `MOTOR_NATS_USER`/`MOTOR_NATS_PASSWORD` …, see streams/credentials.py)
@@ -56,8 +59,21 @@ class NatsConfig(Strict):
     # `motor up` then runs its server with TLS only, so plaintext clients are refused.
     require_tls: bool = False
     replicas: int = Field(1, ge=1, le=5)
+    # How long MOTOR keeps events, in days; a fraction is a shorter log (1/1440: a minute),
+    # down to MIN_MAX_AGE seconds. Long-lived facts are said again before they age out
+    # (`core.ageout`), so a fold that starts from the log alone still sees every instance.
     max_age_days: float = Field(30, gt=0)
     embedded: bool = True  # `motor up` starts its own nats-server unless --nats-url is given
+
+    @field_validator("max_age_days")
+    @classmethod
+    def _max_age(cls, days: float) -> float:
+        if days * 86400 < MIN_MAX_AGE:
+            raise ValueError(
+                f"must keep events at least {MIN_MAX_AGE:g} s ({MIN_MAX_AGE / 86400:.6f} days): "
+                "facts are said again at half of it, and a restater needs the other half"
+            )
+        return days
 
     @model_validator(mode="after")
     def _check(self) -> NatsConfig:

@@ -154,6 +154,9 @@ class NodeRegisteredData(Frozen):
     instance_id: ReportedInstanceId | None = None
     running_endpoints: tuple[EndpointId, ...] = ()
     restored: bool = False  # re-registration after a container-snapshot restore
+    # The same registration said again so MOTOR's age-out (`nats.max_age_days`) does not take
+    # it: a fold that knows the node changes nothing, a fresh fold learns the node from it.
+    restated: bool = False
 
 
 class NodeDeregisteredData(Frozen):
@@ -256,6 +259,23 @@ class InstanceAssembledData(Frozen):
     master_dp_ip: str
     d2d_peer_ips: tuple[str, ...] = ()
     capabilities: tuple[str, ...] = ()
+
+
+class InstanceRestatedData(Frozen):
+    """A live instance said again before MOTOR ages out its `instance.assembled` and state.
+
+    The spec and the state as the controller's fold holds them, with the times of the facts
+    restated: a fold that knows the instance changes nothing that routes or restarts, a fold
+    of a log that has aged past the original facts learns the instance from this alone.
+    """
+
+    instance_id: InstanceId
+    spec: InstanceAssembledData
+    state: InstanceState
+    reason: str = ""
+    state_ts: Timestamp
+    assembled_ts: Timestamp
+    active_ts: Timestamp = 0.0  # its last turn to ACTIVE (0: never)
 
 
 class InstanceStateChangedData(Frozen):

@@ -35,6 +35,7 @@ from core.eventdata import (
     HeartbeatData,
     InstanceAssembledData,
     InstanceMember,
+    InstanceRestatedData,
     InstancesRefreshedData,
     InstanceState,
     InstanceStateChangedData,
@@ -80,6 +81,8 @@ __all__ = [
     "InstanceAssembled",
     "InstanceAssembledData",
     "InstanceMember",
+    "InstanceRestated",
+    "InstanceRestatedData",
     "InstanceState",
     "InstanceStateChanged",
     "InstanceStateChangedData",
@@ -205,6 +208,12 @@ class InstanceAssembled(EventBase):
     SUBJECT = subjects.about("instance", "instance_id")
 
 
+class InstanceRestated(EventBase):
+    type: Literal["instance.restated"] = "instance.restated"
+    data: InstanceRestatedData
+    SUBJECT = subjects.about("instance", "instance_id")
+
+
 class InstanceStateChanged(EventBase):
     type: Literal["instance.state_changed"] = "instance.state_changed"
     data: InstanceStateChangedData
@@ -266,6 +275,7 @@ AnyEvent = Annotated[
     | PrecisionAlarmCleared
     | SnapshotCheckpoint
     | InstanceAssembled
+    | InstanceRestated
     | InstanceStateChanged
     | LeaderChanged
     | InstancesRefreshed

@@ -28,12 +28,14 @@ from core.events import (
     FaultReported,
     Heartbeat,
     InstanceAssembled,
+    InstanceRestated,
     InstancesRefreshed,
     InstanceState,
     InstanceStateChanged,
     LeaderChanged,
     NodeDeregistered,
     NodeRegistered,
+    NodeRegisteredData,
     PrecisionAlarmCleared,
     PrecisionAlarmRaised,
     SnapshotCheckpoint,
@@ -92,6 +94,10 @@ def _node_registered(s: ClusterState, ev: NodeRegistered, seq: int) -> Changes:
             inst = s.instances.get(old.instance_id)
             if inst is not None and d.node_id in inst.node_ids:
                 instance_id = old.instance_id
+    if d.restated and old is not None and _same_node(old.reg, d):
+        # Said again against age-out, by a node the fold knows as it is: nothing changes (its
+        # endpoints' statuses, commands and registration order stand; no restart is owed).
+        return None
     running = {e: EndpointStatus.STARTING for e in d.running_endpoints}
     rec = NodeRecord(
         reg=d,
@@ -110,6 +116,13 @@ def _node_registered(s: ClusterState, ev: NodeRegistered, seq: int) -> Changes:
         registered_id=ev.id,
     )
     return dict(nodes=s.nodes.set(d.node_id, rec), next_order=next_order)
+
+
+def _same_node(known: NodeRegisteredData, said: NodeRegisteredData) -> bool:
+    """Whether a restated registration names the node the fold knows (what it runs aside: the
+    fold follows that from commands and statuses since the registration it holds)."""
+    ignore = {"instance_id", "running_endpoints", "restated"}
+    return known.model_dump(exclude=ignore) == said.model_dump(exclude=ignore)
 
 
 @handles(NodeDeregistered)
@@ -285,6 +298,43 @@ def _assembled(s: ClusterState, ev: InstanceAssembled, seq: int) -> Changes:
         instances=s.instances.set(d.instance_id, rec),
         nodes=nodes,
         next_instance_id=max(s.next_instance_id, d.instance_id + 1),
+    )
+
+
+@handles(InstanceRestated)
+def _restated(s: ClusterState, ev: InstanceRestated, seq: int) -> Changes:
+    d = ev.data
+    iid = d.instance_id
+    known = s.instances.get(iid)
+    if known is not None:
+        # The fold holds the facts restated: only note when they were said again.
+        return dict(instances=s.instances.set(iid, replace(known, restated_ts=ev.ts)))
+    if iid in s.retired or d.spec.instance_id != iid:
+        return None  # terminated since (or a malformed restatement): nothing to learn
+    # A fold that starts after the original facts aged out learns the instance here, in the
+    # state it was restated in.
+    active = d.active_ts > 0
+    rec = InstanceRecord(
+        spec=d.spec,
+        state=d.state,
+        state_ts=d.state_ts,
+        assembled_ts=d.assembled_ts,
+        assembled_seq=seq,
+        reason=d.reason,
+        assembled_id=ev.id,
+        active_seq=seq if active else 0,
+        active_ts=d.active_ts,
+        restated_ts=ev.ts,
+    )
+    nodes = s.nodes
+    for m in d.spec.members:
+        node = nodes.get(m.node_id)
+        if node is not None:
+            nodes = nodes.set(m.node_id, replace(node, instance_id=iid))
+    return dict(
+        instances=s.instances.set(iid, rec),
+        nodes=nodes,
+        next_instance_id=max(s.next_instance_id, iid + 1),
     )
 
 

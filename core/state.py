@@ -95,6 +95,9 @@ class InstanceRecord:
     assembled_id: str = ""
     active_seq: int = 0  # stream seq of the last transition to ACTIVE (0: never active)
     active_ts: float = 0.0  # and its time: how long it had served when it crashed
+    # When the controller last restated the instance (`instance.restated`; 0: never): with
+    # `assembled_ts` it tells how soon MOTOR's age-out would take the facts that define it.
+    restated_ts: float = 0.0
 
     @property
     def instance_id(self) -> int:
@@ -242,6 +245,7 @@ def state_to_dict(state: ClusterState) -> dict[str, Any]:
                 "assembled_id": i.assembled_id,
                 "active_seq": i.active_seq,
                 "active_ts": i.active_ts,
+                "restated_ts": i.restated_ts,
             }
             for k, i in sorted(state.instances.items())
         },
@@ -309,6 +313,7 @@ def state_from_dict(raw: dict[str, Any]) -> ClusterState:
             assembled_id=i.get("assembled_id", ""),
             active_seq=i.get("active_seq", 0),
             active_ts=i.get("active_ts", 0.0),
+            restated_ts=i.get("restated_ts", 0.0),
         )
         for k, i in raw["instances"].items()
     }

@@ -31,6 +31,7 @@ from core.events import (
     NodeDeregistered,
     NodeDeregisteredData,
     NodeRegistered,
+    NodeRegisteredData,
     SnapshotCheckpoint,
     SnapshotCheckpointData,
     SnapshotPhase,
@@ -80,6 +81,7 @@ class NodeAgent:
         self.metrics = AgentMetrics(settings.node_id)
         self.port = settings.port
         self.registered = False
+        self._last_reg: NodeRegisteredData | None = None
         self.clock = clock
         self.monotonic = monotonic
         self._given_log = log
@@ -201,6 +203,7 @@ class NodeAgent:
                 self._running,
                 self._reregister,
                 interval=s.resync_interval,
+                restate=self._restate,
                 clock=self.clock,
                 monotonic=self.monotonic,
             )
@@ -277,9 +280,14 @@ class NodeAgent:
 
     # ------------------------------------------------------------------ registration
 
-    async def register(self, why: str, *, restored: bool = False) -> int:
-        """Publish `node.registered` with the engines that run here now; return its sequence."""
+    async def register(self, why: str, *, restored: bool = False, restated: bool = False) -> int:
+        """Publish `node.registered` with the engines that run here now; return its sequence.
+
+        `restated`: the last registration said again against age-out (its `restored` kept, so
+        a fold that knows the node finds nothing new in it)."""
         running = self.engines.running_ids()
+        if restated and self._last_reg is not None:
+            restored = self._last_reg.restored
         data = build_registration(
             self.settings,
             agent_url=self.agent_url,
@@ -288,7 +296,10 @@ class NodeAgent:
             restored=restored,
             job_name=self.job_name,
         )
+        if restated:
+            data = data.model_copy(update={"restated": True})
         seq = await self.outbox.send(self._event(NodeRegistered, data))
+        self._last_reg = data
         self.registered = True
         self.metrics.registrations.labels(self.settings.node_id, why).inc()
         if self._observer is not None:
@@ -297,6 +308,11 @@ class NodeAgent:
             "registered (%s) at seq %d: instance %s, running %s", why, seq, data.instance_id, list(running)
         )
         return seq
+
+    async def _restate(self, reason: str) -> None:
+        await self.register("restate", restated=True)
+        # A fold that starts after the first READY aged out learns it from these.
+        self.engines.reassert("re-asserted against MOTOR's age-out")
 
     async def _reregister(self, reason: str) -> None:
         await self.register("resync")

@@ -9,6 +9,12 @@ runs) when:
   for two checks in a row (so a terminate-then-stop in flight is not mistaken for a loss),
   unless its latest registration in the log already says what it runs (the controller
   knows the truth then; repeating it would change nothing).
+Against MOTOR's age-out it also restates: once its newest registration is `core.ageout.
+RESTATE_AT` of the stream's `max_age` old (and nothing above asks for a real one), it says the
+registration again (`restated`, with what it runs now) and then each endpoint's status, so a
+fold that starts from the log alone, after the first ones aged out, still learns the node
+READY. A fold that knows the node changes nothing for either (`core.reducer`).
+
 The fold is a `streams.livefold.LiveFold`: when it finds the log purged, recreated or rewound
 it starts over from what the log holds now and the node registers again at once, with what it
 runs, so that the log itself holds the truth again.
@@ -24,6 +30,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from core import subjects
+from core.ageout import restate_due
 from core.reducer import apply
 from core.state import ClusterState
 from streams.definitions import MOTOR_STREAM
@@ -90,6 +97,7 @@ class Observer:
         reregister: Callable[[str], Awaitable[None]],
         *,
         interval: float,
+        restate: Callable[[str], Awaitable[None]] | None = None,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -98,6 +106,7 @@ class Observer:
         self.node_id = node_id
         self.running = running
         self.reregister = reregister
+        self.restate = restate
         self.interval = interval
         self.state = ClusterState()
         self.reg_seq = 0
@@ -186,6 +195,7 @@ class Observer:
         )
         if reason is None:
             self._instance_suspect = False
+            await self._restate_if_due(view.max_age)
             return
         if not self.reg_seq and self.monotonic() - self._registered < self.interval:
             return  # registered a moment ago, sequence unknown here: it is on its way into the fold
@@ -194,6 +204,15 @@ class Observer:
             return
         log.warning("re-registering: %s", reason)
         await self.reregister(reason)
+
+    async def _restate_if_due(self, max_age: float) -> None:
+        """Say our registration again before the stream's age-out takes it."""
+        if self.restate is None or not self.reg_seq:
+            return
+        if restate_due(self._registered, self.monotonic(), max_age):
+            why = f"registration (seq {self.reg_seq}) is due before MOTOR's max_age of {max_age:g}s"
+            log.info("restating: %s", why)
+            await self.restate(why)
 
     async def close(self) -> None:
         await self.log.close()

@@ -24,6 +24,7 @@ from core.events import (
     FaultReported,
     Heartbeat,
     InstanceAssembled,
+    InstanceRestated,
     InstancesRefreshed,
     InstanceStateChanged,
     LeaderChanged,
@@ -111,6 +112,9 @@ def summarize(ev: EventBase) -> str:
         case InstanceAssembled(data=d):
             nodes = ",".join(m.node_id for m in d.members)
             return f"instance {d.instance_id} assembled ({d.role}, {d.engine_type}) on {nodes}"
+        case InstanceRestated(data=d):
+            nodes = ",".join(m.node_id for m in d.spec.members)
+            return f"instance {d.instance_id} restated ({d.spec.role}, {d.state}) on {nodes}"
         case InstanceStateChanged(data=d):
             why = f" ({d.reason})" if d.reason else ""
             return f"instance {d.instance_id} {d.previous or '-'} → {d.state}{why}"
@@ -170,6 +174,8 @@ def concerns(ev: EventBase, kind: str, entity: str) -> bool:
             return True
         if isinstance(ev, InstanceAssembled):
             return any(m.node_id == entity for m in ev.data.members)
+        if isinstance(ev, InstanceRestated):
+            return any(m.node_id == entity for m in ev.data.spec.members)
         return False
     raise ValueError(f"unknown entity kind {kind!r} (use instance or node)")
 

@@ -23,6 +23,7 @@ from core.events import (
     FaultReported,
     Heartbeat,
     InstanceAssembled,
+    InstanceRestated,
     InstanceStateChanged,
     LeaderChanged,
     PrecisionAlarmCleared,
@@ -94,6 +95,10 @@ def build_lanes(records: Sequence[LoggedEvent]) -> tuple[list[Lane], float, floa
                 lane(
                     f"instance-{d.instance_id}", f"instance {d.instance_id} ({d.role})", "instance"
                 ).changes.append((ev.ts, "INITIAL", title))
+            case InstanceRestated(data=d):
+                lane(
+                    f"instance-{d.instance_id}", f"instance {d.instance_id} ({d.spec.role})", "instance"
+                ).changes.append((ev.ts, str(d.state), title))
             case InstanceStateChanged(data=d):
                 lane(f"instance-{d.instance_id}", f"instance {d.instance_id}", "instance").changes.append(
                     (ev.ts, str(d.state), title)

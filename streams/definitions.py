@@ -20,6 +20,8 @@ from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfi
 from nats.js.errors import APIError, NotFoundError
 
 from core import subjects
+from core.ageout import DAY as DAY  # re-exported: tests and tools count days with it
+from core.ageout import max_age_seconds
 from core.config import ControllerConfig, NatsConfig
 from streams.errors import StreamsError
 
@@ -30,7 +32,6 @@ HB_STREAM = "MOTOR_HB"
 LEADER_BUCKET = "motor_leader"
 CHECKPOINT_BUCKET = "motor_checkpoints"
 
-DAY = 86400.0
 DEDUPE_WINDOW = 120.0  # a retried publish within 2 minutes is dropped by Nats-Msg-Id
 HB_MAX_AGE = 3600.0
 CHECKPOINT_HISTORY = 4  # a few older checkpoints survive a bad write
@@ -85,8 +86,9 @@ def stream_configs(cfg: NatsConfig | None = None, *, lease_ttl: float = LEASE_TT
             retention=RetentionPolicy.LIMITS,
             storage=StorageType.FILE,
             discard=DiscardPolicy.OLD,
-            max_age=cfg.max_age_days * DAY,
-            duplicate_window=DEDUPE_WINDOW,
+            max_age=max_age_seconds(cfg),
+            # JetStream refuses a window longer than max_age (a log of minutes, for one).
+            duplicate_window=min(DEDUPE_WINDOW, max_age_seconds(cfg)),
             num_replicas=replicas,
             allow_direct=True,
             # Decisions land as atomic batches, all or nothing (streams.batch).

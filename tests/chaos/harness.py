@@ -46,8 +46,9 @@ FIRST_TOKEN_TIMEOUT = 5.0
 INTER_TOKEN_TIMEOUT = 5.0
 
 
-def chaos_config() -> ClusterConfig:
-    """Test-speed liveness; the breaker and the leader lease as shipped (what users get)."""
+def chaos_config(max_age: float | None = None) -> ClusterConfig:
+    """Test-speed liveness; the breaker and the leader lease as shipped (what users get);
+    `max_age`: MOTOR keeps events this many seconds (the age-out scenario), else as shipped."""
     coordinator: dict[str, Any] = {
         "retries": 3,
         "first_token_timeout": FIRST_TOKEN_TIMEOUT,
@@ -58,7 +59,9 @@ def chaos_config() -> ClusterConfig:
     engine = {"engine_config": {"itl_ms": 15}}
     # A prefill leg lasts a few ms at the default speed: a kill would almost never meet one.
     slow_prefill = {"engine_config": {"itl_ms": 15, "ttft_base_ms": 150}}
+    nats = {"nats": {"max_age_days": max_age / 86400}} if max_age is not None else {}
     return cluster_config(
+        **nats,
         # Kills in these scenarios are independent faults, not a crash loop: an instance that
         # served 3 s since its last crash starts the restart ladder again.
         controller={"lease_ttl": ControllerConfig().lease_ttl, "restart_reset_after": 3.0},
@@ -74,10 +77,11 @@ class ChaosCluster:
 
     refs: dict[str, str] = {}  # reference texts: a property of the engines, not of one cluster
 
-    def __init__(self, base: Path, *, coordinators: int = 2) -> None:
+    def __init__(self, base: Path, *, coordinators: int = 2, max_age: float | None = None) -> None:
         self.base = base
         self.coordinators = coordinators
-        self.cfg = chaos_config()
+        self.max_age = max_age
+        self.cfg = chaos_config(max_age)
         self._stack: AsyncExitStack | None = None
         self._h: Harness | None = None
         self._admin: Client | None = None

@@ -52,12 +52,20 @@ SECTION = {
 
 
 def cluster_config(
-    path: Path, *, union: int = 0, prefill: int = 0, decode: int = 0, **controller: Any
+    path: Path,
+    *,
+    union: int = 0,
+    prefill: int = 0,
+    decode: int = 0,
+    nats: dict[str, Any] | None = None,
+    **controller: Any,
 ) -> Path:
     cfg: dict[str, Any] = {
         "controller": {**CONTROLLER, **controller},
         "nodeagent": {"heartbeat_interval": 0.3, "stop_grace": 3.0},
     }
+    if nats:
+        cfg["nats"] = nats
     for role, n in (("union", union), ("prefill", prefill), ("decode", decode)):
         if n:
             cfg[role] = {**SECTION, "instances": n}
