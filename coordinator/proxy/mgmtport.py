@@ -3,28 +3,21 @@
 With `coordinator.mgmt_port` set, the management app is served on its own listener too,
 so a controller or an operator tool reaches probes, metrics, refresh and alarm clearing
 there, apart from the client traffic on `coordinator.port`. The `/v1` generation routes are
-<<<<<<< HEAD
-not on it; the management app checks admin keys itself (`coordinator.mgmt`).
+not on it; the management app checks admin keys itself (`coordinator.mgmt`), and the server
+core checks the same keys on each request's head first (`mgmt_head`).
 
 A replica also serves the management app on a private Unix socket (`--probe-socket`) when
 its supervisor asks: replicas share their ports, so only there does a probe of `/liveness`
 (or a scrape of `/metrics`) reach this one replica (`deploy.liveness`).
-=======
-not on it; the management app checks admin keys itself (`coordinator.mgmt`), and the server
-core checks the same keys on each request's head first (`mgmt_head`).
->>>>>>> x-wt-k8s
 """
 
 from __future__ import annotations
 
-<<<<<<< HEAD
 import contextlib
 import os
 import socket
 import stat
-=======
 from collections.abc import Callable
->>>>>>> x-wt-k8s
 
 from coordinator.proxy.asgi import ASGIApp, serve_asgi
 from coordinator.proxy.server import ProxyServer
