@@ -45,18 +45,7 @@ from http1 import wire
 class Delivery:
     """What one request's client has been sent, and by which endpoints."""
 
-    __slots__ = (
-        "ask",
-        "committed",
-        "fold",
-        "prefill_by",
-        "resp_body",
-        "resp_kept",
-        "served_by",
-        "sink",
-        "status",
-        "ttft",
-    )
+    __slots__ = tuple("ask committed fold prefill_by resp_body resp_kept served_by sink status ttft".split())
 
     def __init__(self, ask: Ask, sink: Sink, fold: WholeFold | None = None) -> None:
         self.ask = ask
@@ -150,7 +139,7 @@ async def _fold(
 ) -> None:
     """The client saw nothing before the fold is answered, so an engine failing midway is
     `Broken` with the delivery uncommitted: the attempt loop continues it from the fold."""
-    if up.status != 200 or not _is_sse(up.headers):  # a refusal, or an engine that answered whole
+    if up.status != 200 or not up.sse:  # a refusal, or an engine that answered whole
         await _whole(d, up, ep, prefill)
         return
     try:
@@ -205,10 +194,6 @@ def _relayed(d: Delivery, up: UpstreamConn) -> None:
     conn.upstream = up
     if conn.write_paused:
         up.pause()
-
-
-def _is_sse(headers: list[tuple[bytes, bytes]]) -> bool:
-    return any(name == b"content-type" and b"event-stream" in value for name, value in headers)
 
 
 # ---------------------------------------------------------------------------- sinks
