@@ -41,8 +41,8 @@ def judged_silence(ctx: Ctx, node: NodeRecord) -> float:
 
 
 def _silent_for(quiet: float, judged: float) -> str:
-    if math.isinf(quiet):
-        return f"not heard in the {judged:.1f}s this controller could hear"
+    if math.isinf(quiet):  # never heard by this process (a checkpoint's node): say what is known
+        return f"silent for {judged:.1f}s (not heard since this controller could hear)"
     heard = f" (heard for {judged:.1f}s of it)" if quiet > judged + 0.05 else ""
     return f"silent for {quiet:.1f}s{heard}"
 

@@ -115,3 +115,17 @@ def test_a_heartbeat_of_an_unknown_node_is_not_heard_and_a_deregistered_node_is_
     assert log.heard["n3"] == log.steady
     log.deregister("n3")
     assert "n3" not in log.heard
+
+
+def test_a_node_this_controller_never_heard_gets_the_whole_grace_and_the_reason_says_so() -> None:
+    """A node from a checkpoint: this process never folded a heartbeat of it."""
+    log = up()
+    log.heard.pop("n2")
+    log.hearing_since = log.steady
+    silent(log, "n2", 10.0)
+    assert state_moves(log) == []
+    silent(log, "n2", 0.5)
+    (d,) = log.step()
+    assert log.types([d]) == ["instance.state_changed:INACTIVE"]
+    reason = getattr(d.event.data, "reason", "")
+    assert "n2 silent for 10.5s (not heard since this controller could hear)" in reason
