@@ -250,8 +250,10 @@ class ControllerService:
     def _fold_hb(self, rec: Record) -> None:
         self.fold.heartbeat(rec)
         self._hb_folded.inc()
-        if self.caught_up.is_set():  # heartbeats replayed at start-up are old, not late
-            self.metrics.hb_lag.observe(max(0.0, self.clock() - rec.event.ts))
+        # Replayed at start-up, heartbeats are old, not late. Measured from the stream's stamp,
+        # as the coordinator does: the node's `ts` is its own clock, which may be off by hours.
+        if rec.appended and self.caught_up.is_set():
+            self.metrics.hb_lag.observe(max(0.0, self.clock() - rec.appended))
 
     def _on_skip(self, skipped: Skipped) -> None:
         self.metrics.skipped.labels(skipped.reason).inc()
