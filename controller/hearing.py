@@ -36,7 +36,7 @@ class HeartbeatPath:
     def __init__(
         self,
         motor: Log,
-        clock: Callable[[], float],
+        clock: Callable[[], float],  # monotonic: `back_since` and `answered_asked_at` are `Hearing`'s
         *,
         every: float = PROBE_EVERY,
         answer_within: float = ANSWER_WITHIN,

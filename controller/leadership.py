@@ -62,7 +62,8 @@ class Leadership:
         self.lease = Lease(log.kv(LEADER_BUCKET), controller_id, ttl, monotonic=monotonic)
         self.log: LiveFold | None = None  # set by the service once it follows the log
         self.leader = False
-        self.took_over_at = 0.0  # wall clock: the heartbeat grace starts here too
+        self.monotonic = monotonic
+        self.took_over_at = 0.0  # monotonic (controller.heard): the heartbeat grace starts here too
         # The highest term this controller has folded, kept across a lost log (`remember_terms`).
         self.term_floor = 0
         self._terms_spent = False  # MAX_TERM reached: said once
@@ -153,7 +154,7 @@ class Leadership:
             assert fold.state.leader is not None
             lease.term = fold.state.leader.term
             self.leader = True
-            self.took_over_at = self.clock()  # the heartbeat grace starts over too
+            self.took_over_at = self.monotonic()  # the heartbeat grace starts over too
             self.metrics.is_leader.set(1)
             log.info("leading again (term %d, still fenced by seq %s)", lease.term, self.appender.fence)
             fold.changed.set()
@@ -172,7 +173,7 @@ class Leadership:
         if not await self._announce(target):
             return
         self.leader = True
-        self.took_over_at = self.clock()
+        self.took_over_at = self.monotonic()
         self.metrics.is_leader.set(1)
         self.metrics.leader_changes.inc()
         log.info("leader now (term %d)", lease.term)

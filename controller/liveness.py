@@ -1,7 +1,10 @@
 """Heartbeat rules: silence -> INACTIVE, longer -> TERMINATED, heartbeats back -> ACTIVE.
 
-Silence is judged from when the controller could hear (`Ctx.hearing_since`), so an outage of
-the log, a catch-up or a takeover never reads as every node gone quiet.
+Silence is what this controller heard, on its own monotonic clock (`Ctx.hearing`,
+controller.heard): never a node's timestamp against the controller's wall clock, so neither
+clock stepping or running off moves anyone. It is judged from when the controller could hear
+(`Hearing.since`), so an outage of the log, a catch-up or a takeover never reads as every
+node gone quiet.
 
 Heartbeats live in MOTOR_HB, not in the log, so these are the only rules that read them, and
 every decision they make says "heartbeat" in its reason: a replay of MOTOR alone reproduces
@@ -9,6 +12,8 @@ the state from these logged decisions, and `motor replay --verify` knows not to 
 """
 
 from __future__ import annotations
+
+import math
 
 from controller.instance_rules import HB_MARK, terminate
 from controller.rule_context import Cause, Ctx, Decision
@@ -20,9 +25,8 @@ _WATCHED = frozenset({InstanceState.INITIAL, InstanceState.ACTIVE, InstanceState
 
 
 def silence(ctx: Ctx, node: NodeRecord) -> float:
-    """Seconds since the node was last heard of (heartbeat, else registration)."""
-    last = node.last_hb_ts if node.last_hb_ts is not None else node.registered_ts
-    return ctx.now - last
+    """Seconds since this controller last heard the node (inf: never, by this process)."""
+    return ctx.hearing.quiet(node.node_id) if ctx.hearing is not None else 0.0
 
 
 def judged_silence(ctx: Ctx, node: NodeRecord) -> float:
@@ -30,12 +34,17 @@ def judged_silence(ctx: Ctx, node: NodeRecord) -> float:
 
     After NATS was away, the fold caught up, or the lease was taken over, every node gets
     `heartbeat_timeout` from then on to be heard: a log that was away silences nobody. Nor is
-    silence counted past the last moment heartbeats could land (`heard_until`): while the
+    silence counted past the last moment heartbeats could land (`Hearing.until`): while the
     heartbeat stream elects a leader, no node grows quieter.
     """
-    last = node.last_hb_ts if node.last_hb_ts is not None else node.registered_ts
-    until = ctx.now if ctx.heard_until is None else min(ctx.now, ctx.heard_until)
-    return max(0.0, min(until - last, ctx.now - ctx.hearing_since))
+    return ctx.hearing.judged(node.node_id) if ctx.hearing is not None else 0.0
+
+
+def _silent_for(quiet: float, judged: float) -> str:
+    if math.isinf(quiet):  # never heard by this process (a checkpoint's node): say what is known
+        return f"silent for {judged:.1f}s (not heard since this controller could hear)"
+    heard = f" (heard for {judged:.1f}s of it)" if quiet > judged + 0.05 else ""
+    return f"silent for {quiet:.1f}s{heard}"
 
 
 def _hb_cause(node: NodeRecord, text: str) -> Cause:
@@ -45,6 +54,8 @@ def _hb_cause(node: NodeRecord, text: str) -> Cause:
 
 def liveness(ctx: Ctx, busy: set[int]) -> list[Decision]:
     """Heartbeat-driven moves for instances no other rule touched in this call."""
+    if ctx.hearing is None:
+        return []  # nothing heard is known (a replay, a tool): nobody is judged either way
     ctrl = ctx.cfg.controller
     out: list[Decision] = []
     for iid in sorted(ctx.state.instances):
@@ -57,12 +68,12 @@ def liveness(ctx: Ctx, busy: set[int]) -> list[Decision]:
         node = max(nodes, key=lambda n: silence(ctx, n))
         quiet = silence(ctx, node)
         judged = judged_silence(ctx, node)
-        heard = f" (heard for {judged:.1f}s of it)" if quiet > judged + 0.05 else ""
+        said = _silent_for(quiet, judged)
         if judged > ctrl.terminate_after:
-            why = f"{HB_MARK} lost: {node.node_id} silent for {quiet:.1f}s{heard}; terminating, its nodes are freed"
+            why = f"{HB_MARK} lost: {node.node_id} {said}; terminating, its nodes are freed"
             out += terminate(ctx, inst, _hb_cause(node, why), isolate_first=False)
         elif judged > ctrl.heartbeat_timeout and inst.state in _WATCHED:
-            why = f"{HB_MARK} timeout: {node.node_id} silent for {quiet:.1f}s{heard}"
+            why = f"{HB_MARK} timeout: {node.node_id} {said}"
             out.append(ctx.state_change(inst, InstanceState.INACTIVE, _hb_cause(node, why)))
         elif quiet <= ctrl.heartbeat_timeout and _back(ctx, inst, nodes):
             freshest = min(nodes, key=lambda n: silence(ctx, n))

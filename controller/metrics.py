@@ -46,7 +46,7 @@ class ControllerMetrics:
         )
         self.hb_lag = Histogram(
             "motor_controller_heartbeat_lag_seconds",
-            "Heartbeat age when folded (its publisher's clock to ours)",
+            "Heartbeat age when folded (the stream's timestamp to our clock; never the node's clock)",
             buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0),
             registry=r,
         )

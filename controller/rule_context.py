@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from controller.heard import Hearing
 from controller.state_queries import Index, build_index
 from core import subjects
 from core.config import ClusterConfig
@@ -86,12 +87,9 @@ class Ctx:
     now: float
     idx: Index
     source: str = "controller"
-    # Since when the controller could hear heartbeats (caught up, reconnected, took over):
-    # silence before it is the controller's deafness, not the node's (controller.liveness).
-    hearing_since: float = 0.0
-    # The last moment heartbeats could land (the heartbeat stream answered): a stream electing
-    # a leader takes none, so silence after it is not the nodes' either (controller.hearing).
-    heard_until: float | None = None
+    # What the controller heard of each node, on its monotonic clock (controller.heard): the
+    # only basis of silence. None (a replay, a tool): nobody is judged silent.
+    hearing: Hearing | None = None
 
     @classmethod
     def build(
@@ -100,10 +98,9 @@ class Ctx:
         cfg: ClusterConfig,
         now: float,
         source: str = "controller",
-        hearing_since: float = 0.0,
-        heard_until: float | None = None,
+        hearing: Hearing | None = None,
     ) -> Ctx:
-        return cls(state, cfg, now, build_index(state), source, hearing_since, heard_until)
+        return cls(state, cfg, now, build_index(state), source, hearing)
 
     @property
     def term(self) -> int:

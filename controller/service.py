@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from controller.appender import Appender, Outcome
 from controller.decide import decide
 from controller.fold import Fold
+from controller.heard import Hearing
 from controller.hearing import HeartbeatPath
 from controller.leadership import Leadership
 from controller.metrics import ControllerMetrics
@@ -84,7 +85,7 @@ class ControllerService:
         self.metrics = ControllerMetrics(controller_id)
         self._motor_folded = self.metrics.events.labels(MOTOR_STREAM)
         self._hb_folded = self.metrics.events.labels(HB_STREAM)
-        self.fold = Fold(clock=clock)
+        self.fold = Fold(clock=clock, monotonic=monotonic)
         self.caught_up = asyncio.Event()  # the LiveFold's: cleared while a lost log is folded again
         self.started = asyncio.Event()
         self.checkpoint_seq = 0
@@ -116,16 +117,17 @@ class ControllerService:
         )
 
     def hearing_since(self) -> float:
-        """Since when this controller could hear heartbeats (reconnect, catch-up, takeover).
+        """Since when this controller could hear heartbeats (reconnect, catch-up, takeover),
+        on its monotonic clock like every figure of `hearing`.
 
         Now, while it cannot hear at all (NATS away, a consumer being recreated): a deaf
         controller judges nobody silent.
         """
         if self.log is None or not self.log.hearing:
-            return self.clock()
+            return self.monotonic()
         path = self.heartbeat_path
         if path is not None and path.down:
-            return self.clock()  # heartbeats cannot land (the stream elects a leader)
+            return self.monotonic()  # heartbeats cannot land (the stream elects a leader)
         took = self.leadership.took_over_at if self.leadership is not None else 0.0
         back = path.back_since if path is not None else 0.0
         return max(self.log.hearing_since, took, back)
@@ -134,6 +136,16 @@ class ControllerService:
         """The last moment heartbeats are known to have been able to land (None: now)."""
         path = self.heartbeat_path
         return path.answered_asked_at if path is not None else None
+
+    def hearing(self) -> Hearing:
+        """What decide judges silence on: monotonic readings only, so no machine's wall clock
+        (the nodes' in their heartbeats, ours stepping) moves anyone (controller.heard)."""
+        return Hearing(
+            now=self.monotonic(),
+            since=self.hearing_since(),
+            until=self.heard_until(),
+            at=dict(self.fold.heard_at),
+        )
 
     # ------------------------------------------------------------------ run
 
@@ -176,11 +188,11 @@ class ControllerService:
                 on_skip=self._on_skip,
                 name=f"controller/{self.id}",
                 caught_up=self.caught_up,
-                clock=self.clock,
+                clock=self.monotonic,  # its `hearing_since` is a figure of `hearing`
             )
             await self.log.start()
             stack.push_async_callback(self.log.close)
-            path = self.heartbeat_path = HeartbeatPath(motor, self.clock)
+            path = self.heartbeat_path = HeartbeatPath(motor, self.monotonic)
             loops = [
                 asyncio.create_task(_forever("lease", lambda: lead.run(self.caught_up)), name="lease"),
                 asyncio.create_task(_forever("heartbeat path", path.run), name="heartbeat-path"),
@@ -240,8 +252,10 @@ class ControllerService:
     def _fold_hb(self, rec: Record) -> None:
         self.fold.heartbeat(rec)
         self._hb_folded.inc()
-        if self.caught_up.is_set():  # heartbeats replayed at start-up are old, not late
-            self.metrics.hb_lag.observe(max(0.0, self.clock() - rec.event.ts))
+        # Replayed at start-up, heartbeats are old, not late. Measured from the stream's stamp,
+        # as the coordinator does: the node's `ts` is its own clock, which may be off by hours.
+        if rec.appended and self.caught_up.is_set():
+            self.metrics.hb_lag.observe(max(0.0, self.clock() - rec.appended))
 
     def _on_skip(self, skipped: Skipped) -> None:
         self.metrics.skipped.labels(skipped.reason).inc()
@@ -292,8 +306,7 @@ class ControllerService:
                 self.cfg,
                 self.clock(),
                 source=f"controller/{self.id}",
-                hearing_since=self.hearing_since(),
-                heard_until=self.heard_until(),
+                hearing=self.hearing(),
             )
             self.metrics.decide_seconds.observe(time.perf_counter() - started)
             if decisions and await appender.append(decisions, lead.may_write) is Outcome.FENCED:

@@ -21,7 +21,7 @@ class FoldHealth:
     skipped: dict[str, int]
     resets: int  # consumer recreations (outages, gaps, lost heartbeats)
     lost: int  # times the log was found lost and the fold started over
-    hearing_since: float  # wall-clock time delivery last (re)started
+    hearing_since: float  # when delivery last (re)started, on the fold's clock
 
     def describe(self) -> str:
         """One line for logs and status displays."""

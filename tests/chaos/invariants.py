@@ -206,6 +206,30 @@ def nothing_judged_by_outage(entries: Sequence[Entry], since: float) -> Check:
     return Check(name, True, "no instance went INACTIVE or TERMINATED")
 
 
+def nobody_judged_by_a_clock(entries: Sequence[Entry]) -> Check:
+    """No instance went INACTIVE or TERMINATED, and no engine was stopped, while clocks were
+    stepped (every entry given: their `ts` is the stepped clocks' own, so it cannot choose)."""
+    name = "4 nobody judged by a clock"
+    bad = [
+        e
+        for e in entries
+        if (e.type == "instance.state_changed" and str(e.data.get("state")) in OUT_OF_SERVICE_BY_OUTAGE)
+        or e.type == "command.stop"
+    ]
+    if bad:
+        e = bad[0]
+        what = e.data.get("state") or e.type
+        return Check(
+            name,
+            False,
+            f"{len(bad)} judgement(s) while clocks stepped: instance {e.data.get('instance_id')} "
+            f"{what} at seq {e.seq} ({e.data.get('reason', '')})",
+        )
+    return Check(
+        name, True, f"no instance went INACTIVE or TERMINATED, no engine stopped ({len(entries)} entries)"
+    )
+
+
 # --------------------------------------------------------------------------- 5 poison
 
 

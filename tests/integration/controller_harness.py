@@ -77,9 +77,16 @@ class Controller:
     """One `motor controller` subprocess."""
 
     def __init__(
-        self, tmp: Path, config: Path, nats_url: str, cid: str = "c1", marker: str | None = None
+        self,
+        tmp: Path,
+        config: Path,
+        nats_url: str,
+        cid: str = "c1",
+        marker: str | None = None,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.tmp, self.config, self.nats_url, self.id = tmp, config, nats_url, cid
+        self.env = env or {}  # e.g. a stepped clock's (tests/faketime.py)
         self.port = free_port()
         self.marker = marker or uuid.uuid4().hex
         self.log = tmp / f"controller-{cid}.log"
@@ -94,7 +101,7 @@ class Controller:
             sys.executable, "-m", "deploy.cli", "controller", "--config", str(self.config),
             "--nats-url", self.nats_url, "--id", self.id, "--port", str(self.port),
         ]  # fmt: skip
-        env = {**os.environ, MARKER: self.marker, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, **self.env, MARKER: self.marker, "PYTHONUNBUFFERED": "1"}
         with self.log.open("ab") as fh:
             self.proc = subprocess.Popen(
                 argv, cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -223,8 +230,16 @@ def operator_event(cls: type[EventBase], data: Any) -> Any:
     return cls(id=new_id(), ts=time.time(), source="operator/test", data=data)
 
 
-def start_agent(tmp: Path, config: Path, node_id: str, nats_url: str, role: str, marker: str) -> Agent:
-    return Agent(tmp, config, node_id, nats_url, role=role, marker=marker).start()
+def start_agent(
+    tmp: Path,
+    config: Path,
+    node_id: str,
+    nats_url: str,
+    role: str,
+    marker: str,
+    env: dict[str, str] | None = None,
+) -> Agent:
+    return Agent(tmp, config, node_id, nats_url, role=role, marker=marker, env=env or {}).start()
 
 
 async def engine_pid(agent: Agent, endpoint: int = 0, within: float = 20.0) -> int:
@@ -259,15 +274,15 @@ class Cluster:
     async def start_tail(self) -> None:
         await self.tail.start()
 
-    def controller(self, cid: str = "c1") -> Controller:
+    def controller(self, cid: str = "c1", env: dict[str, str] | None = None) -> Controller:
         assert self.config is not None
-        c = Controller(self.tmp, self.config, self.nats_url, cid, marker=self.marker).start()
+        c = Controller(self.tmp, self.config, self.nats_url, cid, marker=self.marker, env=env).start()
         self.controllers[cid] = c
         return c
 
-    def agent(self, node_id: str, role: str = "union") -> Agent:
+    def agent(self, node_id: str, role: str = "union", env: dict[str, str] | None = None) -> Agent:
         assert self.config is not None
-        a = start_agent(self.tmp, self.config, node_id, self.nats_url, role, self.marker)
+        a = start_agent(self.tmp, self.config, node_id, self.nats_url, role, self.marker, env)
         self.agents[node_id] = a
         return a
 

@@ -24,6 +24,11 @@ back. The kinds, with what they stand for:
 | lost_tail        | MOTOR loses its last messages (a server restart that lost them)           |
 | purge            | MOTOR purged under the running cluster                                    |
 | recreate         | MOTOR deleted and created again                                           |
+| clock_step       | a node agent's wall clock stepped an hour back or ahead, then back        |
+
+`clock_step` is drawn from a generator of its own (`{seed}/clock`), on top of the schedule
+the other kinds make, so adding it changed no seed's other faults; a stepped node is not
+silent, and `nothing_judged_by_outage` holds it to that (issue 24 item 4).
 """
 
 from __future__ import annotations
@@ -40,6 +45,8 @@ from tests.sim.procs import SimAgent, SimProcess
 from tests.sim.world import World
 
 WINDOW = 40.0  # faults start within this many seconds after the cluster first came up
+CLOCK_STEP_SHARE = 0.3  # of the seeds, how many also step a node agent's clock
+HOUR = 3600.0
 
 # kind -> weight: how often a drawn fault is of that kind
 KINDS: dict[str, int] = {
@@ -85,6 +92,10 @@ def plan(seed: int) -> list[Fault]:
         kind = rng.choices(kinds, weights)[0]
         lasts = _duration(kind, rng)
         out.append(Fault(kind, round(rng.uniform(0.0, WINDOW), 3), lasts, rng.random(), rng.random()))
+    clock = random.Random(f"{seed}/clock")
+    if clock.random() < CLOCK_STEP_SHARE:
+        at, lasts = round(clock.uniform(0.0, WINDOW), 3), round(clock.uniform(5.0, 60.0), 3)
+        out.append(Fault("clock_step", at, lasts, clock.random(), clock.random()))
     return sorted(out, key=lambda f: f.at)
 
 
@@ -286,6 +297,22 @@ def _recreate(world: World, f: Fault) -> None:
     world.log_lost()
 
 
+def _clock_step(world: World, f: Fault) -> None:
+    """A node's wall clock steps an hour back or ahead (`param`), and back after `lasts`: its
+    heartbeats' `ts` say so, and nothing may be judged by it."""
+    node = _choose(list(world.nodes.values()), f.pick)
+    if not isinstance(node, SimAgent):
+        return
+    node.skew = HOUR if f.param < 0.5 else -HOUR
+    world.note(f"{node.name}'s clock stepped {node.skew:+.0f}s for {f.lasts:g}s")
+
+    def back() -> None:
+        node.skew = 0.0
+        world.note(f"{node.name}'s clock right again")
+
+    _later(world, f.lasts, back)
+
+
 FIRE: dict[str, Callable[[World, Fault], None]] = {
     "engine_kill": _engine_kill,
     "engine_hang": _engine_hang,
@@ -302,4 +329,5 @@ FIRE: dict[str, Callable[[World, Fault], None]] = {
     "lost_tail": _lost_tail,
     "purge": _purge,
     "recreate": _recreate,
+    "clock_step": _clock_step,
 }

@@ -136,12 +136,17 @@ class SimAgent(SimProcess):
             run_dir=world.dir / "run",
         )
         self.agent: NodeAgent | None = None
+        self.skew = 0.0  # seconds the node's wall clock is off the simulated one (a clock_step)
+
+    def wall(self) -> float:
+        """The node's own wall clock: what its events' `ts` say."""
+        return self.world.loop.wall() + self.skew
 
     def start(self) -> None:
         w = self.world
         log = self._begin()
         self.agent = NodeAgent(
-            self.settings, log=log, host=self.machine, http=False, clock=w.loop.wall, monotonic=w.loop.time
+            self.settings, log=log, host=self.machine, http=False, clock=self.wall, monotonic=w.loop.time
         )
         assert self.proc is not None
         self.stop = asyncio.Event()

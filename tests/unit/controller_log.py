@@ -10,7 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from controller.decide import Decision, decide
+from controller.decide import Decision, Hearing, decide
+from controller.heard import note
 from core.config import ClusterConfig, ControllerConfig, EngineSection, HealthCheckConfig
 from core.events import (
     CommandApplied,
@@ -77,13 +78,24 @@ def config(
 
 
 class Log:
-    """Sequence numbers, a folded state and the clock the test controls."""
+    """Sequence numbers, a folded state and the clocks the test controls.
+
+    `now` is the controller's wall clock and `steady` its monotonic one; they move together
+    (`tick`) until a test steps the wall clock alone (`step_wall`). A node's events carry its
+    own wall clock, `now + skew[node]`. As in the live fold, each registration or heartbeat
+    is heard at `steady` (`heard`).
+    """
 
     def __init__(self, cfg: ClusterConfig, now: float = 1000.0) -> None:
         self.cfg = cfg
         self.now = now
-        self.hearing_since = 0.0  # when the controller began to hear (reconnect, catch-up, takeover)
-        self.heard_until: float | None = None  # the last moment heartbeats could land (None: now)
+        self.steady = now  # the controller's monotonic clock (equal to `now` until stepped)
+        self.skew: dict[str, float] = {}  # node id -> how far its wall clock is off the controller's
+        # When the controller began to hear (reconnect, catch-up, takeover) and the last moment
+        # heartbeats could land (None: now), on the steady clock.
+        self.hearing_since = 0.0
+        self.heard_until: float | None = None
+        self.heard: dict[str, float] = {}
         self.seq = 0
         self.state = ClusterState()
         self.events: list[tuple[int, EventBase]] = []  # the MOTOR log
@@ -97,20 +109,19 @@ class Log:
         self.events.append((self.seq, ev))
         self.folded.append((self.seq, ev))
         self.state = apply(self.state, ev, self.seq)
+        note(self.heard, self.state, ev, self.steady)
         return self.seq
 
     def _id(self, *parts: object) -> str:
         self._n += 1
         return derive_id("test", self._n, *parts)
 
+    def hearing(self) -> Hearing:
+        """What the live service hands decide: the steady clock and when each node was heard."""
+        return Hearing(now=self.steady, since=self.hearing_since, until=self.heard_until, at=dict(self.heard))
+
     def decide(self, now: float | None = None) -> list[Decision]:
-        return decide(
-            self.state,
-            self.cfg,
-            self.now if now is None else now,
-            hearing_since=self.hearing_since,
-            heard_until=self.heard_until,
-        )
+        return decide(self.state, self.cfg, self.now if now is None else now, hearing=self.hearing())
 
     def commit(self, decisions: Iterable[Decision]) -> list[Decision]:
         out = list(decisions)
@@ -135,9 +146,18 @@ class Log:
     def tick(self, seconds: float, *, heartbeats: bool = True) -> None:
         """Let time pass; by default every node keeps heartbeating (a healthy cluster)."""
         self.now += seconds
+        self.steady += seconds
         if heartbeats:
             for nid in sorted(self.state.nodes):
                 self.heartbeat(nid)
+
+    def step_wall(self, seconds: float) -> None:
+        """The controller's wall clock jumps (NTP, an operator); its monotonic clock does not."""
+        self.now += seconds
+
+    def node_ts(self, node_id: str) -> float:
+        """The node's own wall clock: the `ts` of what it sends."""
+        return self.now + self.skew.get(node_id, 0.0)
 
     # ------------------------------------------------------------------ what agents report
 
@@ -165,7 +185,12 @@ class Log:
             **kw,
         )
         return self.add(
-            NodeRegistered(id=self._id("reg", node_id), ts=self.now, source=f"nodeagent/{node_id}", data=data)
+            NodeRegistered(
+                id=self._id("reg", node_id),
+                ts=self.node_ts(node_id),
+                source=f"nodeagent/{node_id}",
+                data=data,
+            )
         )
 
     def deregister(self, node_id: str) -> int:
@@ -175,10 +200,14 @@ class Log:
     def heartbeat(self, node_id: str) -> None:
         """Heartbeats are folded with seq 0: they are not in the MOTOR log."""
         ev = Heartbeat(
-            id=self._id("hb"), ts=self.now, source=f"nodeagent/{node_id}", data=HeartbeatData(node_id=node_id)
+            id=self._id("hb"),
+            ts=self.node_ts(node_id),
+            source=f"nodeagent/{node_id}",
+            data=HeartbeatData(node_id=node_id),
         )
         self.folded.append((0, ev))
         self.state = apply(self.state, ev, 0)
+        note(self.heard, self.state, ev, self.steady)
 
     def status(self, node_id: str, endpoint: int, status: EndpointStatus | str, reason: str = "") -> int:
         node = self.state.nodes[node_id]

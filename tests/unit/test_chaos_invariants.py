@@ -126,6 +126,19 @@ def test_nothing_judged_by_outage() -> None:
     assert not c.ok and "instance 2 TERMINATED at seq 7" in c.detail
 
 
+def test_nobody_judged_by_a_clock_reads_every_entry_whatever_its_ts() -> None:
+    # A controller an hour behind stamps its decisions an hour back: still judged.
+    stepped_back = changed(8, 1, "INACTIVE", 100.0 - 3600.0)
+    assert inv.nobody_judged_by_a_clock([changed(6, 1, "ACTIVE", 101.0)]).ok
+    c = inv.nobody_judged_by_a_clock([changed(6, 1, "ACTIVE", 101.0), stepped_back])
+    assert not c.ok and "instance 1 INACTIVE at seq 8" in c.detail
+    stop = Entry(
+        9, "motor.cmd.union-0.stop", "command.stop", 0.0, {"instance_id": 1, "reason": "heartbeat lost"}
+    )
+    c = inv.nobody_judged_by_a_clock([stop])
+    assert not c.ok and "command.stop at seq 9 (heartbeat lost)" in c.detail
+
+
 def start(seq: int, node: str = "decode-0", iid: int = 2, attempt: int = 1) -> Entry:
     data = {"instance_id": iid, "node_id": node, "attempt": attempt}
     return Entry(seq, f"motor.cmd.{node}.start", "command.start", float(seq), data)
