@@ -45,7 +45,7 @@ from http1 import wire
 class Delivery:
     """What one request's client has been sent, and by which endpoints."""
 
-    __slots__ = tuple("ask committed fold prefill_by resp_body resp_kept served_by sink status ttft".split())
+    __slots__ = ("ask", "committed", "fold", "prefill_by", "resp_body", "served_by", "sink", "status", "ttft")
 
     def __init__(self, ask: Ask, sink: Sink, fold: WholeFold | None = None) -> None:
         self.ask = ask
@@ -56,8 +56,8 @@ class Delivery:
         self.ttft: float | None = None
         self.served_by: Endpoint | None = None  # the endpoint whose response the client got
         self.prefill_by: Endpoint | None = None  # its prefill peer in P/D
-        self.resp_body: list[bytes] | None = None  # that response's decoded body (the detector's)
-        self.resp_kept: ProgressFold | None = None  # ... what of it an event stream folded first
+        # That response's decoded body (the detector's), or what a long event stream folded of it
+        self.resp_body: list[bytes] | ProgressFold | None = None
 
     def send(self, status: int, body: bytes) -> None:
         """Answer with a whole response (committed from here on)."""
@@ -184,7 +184,7 @@ async def _until_end(
         up.close()
         raise
     conn.upstream = None
-    d.served_by, d.prefill_by, d.resp_body, d.resp_kept = ep, prefill, up.body, up.kept
+    d.served_by, d.prefill_by, d.resp_body = ep, prefill, up.body if up.kept is None else up.folded()
     up.release()
 
 

@@ -15,7 +15,7 @@ import orjson
 
 from coordinator.context import CoordinatorContext
 from coordinator.detector import PrecisionDetector
-from coordinator.proxy.continuation import ProgressFold
+from coordinator.proxy.continuation import ProgressFold, progress_of
 from coordinator.proxy.deliver import Delivery
 
 log = logging.getLogger(__name__)
@@ -23,12 +23,12 @@ log = logging.getLogger(__name__)
 
 def response_text(d: Delivery) -> str:
     """The generated text of a finished request's response (JSON or SSE), "" if none."""
-    if d.ask.stream:
-        fold = d.resp_kept or ProgressFold()
-        fold.feed(b"".join(d.resp_body or ()))
-        return fold.result().text
+    if isinstance(d.resp_body, ProgressFold):  # a long event stream
+        return d.resp_body.result().text
     if not d.resp_body:
         return ""
+    if d.ask.stream:
+        return progress_of(b"".join(d.resp_body)).text
     data = b"".join(d.resp_body)
     try:
         obj = orjson.loads(data)

@@ -186,11 +186,15 @@ class UpstreamConn(asyncio.Protocol):
         self.body = []
         self.unfolded = 0
 
-    def progress(self) -> Progress:
-        """What this event stream delivered (its text, tokens, whether it ended cleanly)."""
+    def folded(self) -> ProgressFold:
+        """This event stream's body, folded whole."""
         self._fold_body()
         assert self.kept is not None
-        return self.kept.result()
+        return self.kept
+
+    def progress(self) -> Progress:
+        """What this event stream delivered (its text, tokens, whether it ended cleanly)."""
+        return self.folded().result()
 
     def on_chunk_header(self) -> None:
         self.chunk_open = True
