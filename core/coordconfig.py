@@ -42,6 +42,9 @@ class HttpLimitsConfig(Strict):
     # not extend it (they reset only the idle timer).
     body_timeout: float = Field(30.0, gt=0)
     idle_timeout: float = Field(60.0, gt=0)  # keep-alive: closed after this long without a request
+    # A client that takes none of its response for this long (its socket full) is cut: a
+    # proxied request holds an engine slot while its reader does not read.
+    write_stall_timeout: float = Field(30.0, gt=0)
     max_connections: int = Field(4096, ge=1)  # 503 beyond
 
 

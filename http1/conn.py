@@ -59,6 +59,7 @@ class LimitedProtocol(asyncio.Protocol):
         self.head = HeadReader(self.limits)
         self.idle_since: float | None = None  # waiting for the client's bytes since (idle timeout)
         self.body_since: float | None = None  # the current body is owed since (body deadline)
+        self.write_stalled_since: float | None = None  # the client has not read since (its socket full)
         self.trusted = False  # a head passed with a key: never evicted at the cap
         self.lingering = False
         self.closed = False
@@ -160,7 +161,8 @@ class LimitedProtocol(asyncio.Protocol):
     # ------------------------------------------------------------------ ending
 
     def on_timeout(self, kind: str) -> None:
-        """The watchdog's verdict: `header` (too slow a head) or `idle` (nothing sent)."""
+        """The watchdog's verdict: `header` (too slow a head), `body` (too slow a body), `write`
+        (the client reads nothing of its response) or `idle` (nothing sent)."""
         if kind == "header":
             self.reject(
                 408, f"request head not received within {self.limits.header_timeout:g} s", "header_timeout"
@@ -169,6 +171,14 @@ class LimitedProtocol(asyncio.Protocol):
             self.reject(
                 408, f"request body not received within {self.limits.body_timeout:g} s", "body_deadline"
             )
+        elif kind == "write":
+            # Mid-response: nothing can be said to a client that reads nothing. Cut it, which
+            # ends its request (and closes the engine connection it holds).
+            log.info("a client read nothing for %g s: connection cut", self.limits.write_stall_timeout)
+            self.watchdog.rejected(408, "write_stall")
+            self.closed = True
+            if self.transport is not None:
+                self.transport.abort()
         elif self.head.in_head:
             self.close()  # an idle keep-alive connection: nothing is owed
         else:
@@ -221,7 +231,9 @@ class Watchdog:
         self.rejects: dict[tuple[int, str], int] = {}  # (status, code) -> count, for metrics
         self._cap_logged_at = -1e9
         self._lingering: dict[asyncio.Transport, float] = {}
-        shortest = min(limits.header_timeout, limits.idle_timeout, limits.body_timeout)
+        shortest = min(
+            limits.header_timeout, limits.idle_timeout, limits.body_timeout, limits.write_stall_timeout
+        )
         self._tick = min(max(shortest / 4, 0.05), 1.0)
         self._sweeper: asyncio.TimerHandle | None = None
 
@@ -345,6 +357,11 @@ class Watchdog:
             return "header"
         if c.body_since is not None and c.body_since < now - self.limits.body_timeout:
             return "body"
+        if (
+            c.write_stalled_since is not None
+            and c.write_stalled_since < now - self.limits.write_stall_timeout
+        ):
+            return "write"
         if c.idle_since is not None and c.idle_since < now - self.limits.idle_timeout:
             return "idle"
         return None

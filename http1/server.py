@@ -122,11 +122,13 @@ class ClientConn(LimitedProtocol):
     def pause_writing(self) -> None:
         # The client reads slower than we write: stop reading what we relay to it.
         self.write_paused = True
+        self.write_stalled_since = self.loop.time()
         if self.upstream is not None:
             self.upstream.pause()
 
     def resume_writing(self) -> None:
         self.write_paused = False
+        self.write_stalled_since = None
         if self.upstream is not None:
             self.upstream.resume()
         if self.drain_waiter is not None and not self.drain_waiter.done():

@@ -22,6 +22,7 @@ import orjson
 import yaml
 
 from core.events import (
+    Capacity,
     EndpointLoad,
     EndpointSpec,
     EndpointStatus,
@@ -193,6 +194,7 @@ class Cluster:
         engine_type: str = "builtin",
         capabilities: Sequence[str] = (),
         model: str = MODEL,
+        max_seq_len: int | None = None,
     ) -> int:
         """Register, assemble, activate and mark READY one single-node instance for `eng`."""
         iid = self.next_instance
@@ -221,6 +223,7 @@ class Cluster:
                     model=model,
                     endpoints=(ep,),
                     capabilities=tuple(capabilities),
+                    capacity=Capacity() if max_seq_len is None else Capacity(max_seq_len=max_seq_len),
                 ),
             )
         )
