@@ -9,8 +9,6 @@ from __future__ import annotations
 from pathlib import PurePath
 from typing import Any, Literal
 
-import orjson
-import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from core.configbase import Strict, check_keys, one_of
@@ -278,24 +276,6 @@ class ClusterConfig(Strict):
         if (self.prefill is None) != (self.decode is None) and self.decode is not None:
             raise ValueError("a decode section needs a prefill section")
         return self
-
-
-def parse_config(text: str | bytes, source: str = "<config>") -> ClusterConfig:
-    """Parse JSON or YAML text (chosen by the source's suffix, else sniffed) into a config."""
-    suffix = PurePath(source).suffix.lower()
-    try:
-        raw = orjson.loads(text) if suffix == ".json" else yaml.safe_load(text)
-    except (orjson.JSONDecodeError, yaml.YAMLError) as exc:
-        raise ConfigError(f"{source}: not valid {'JSON' if suffix == '.json' else 'YAML'}: {exc}") from None
-    if raw is None:
-        raw = {}
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{source}: top level must be a mapping, got {type(raw).__name__}")
-    from core.mindie import config_from_mindie, is_mindie
-
-    if is_mindie(raw):  # a MindIE-Motor user_config.json: mapped field by field
-        return config_from_mindie(raw, None, source)[0]  # type: ignore[no-any-return]
-    return config_from_dict(raw, source)
 
 
 def config_from_dict(raw: dict[str, Any], source: str = "<config>") -> ClusterConfig:

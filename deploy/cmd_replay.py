@@ -69,7 +69,8 @@ async def load_records(args: argparse.Namespace) -> tuple[list[Any], list[Any]]:
         return read_jsonl_records(Path(args.from_file), until_seq=args.until_seq, until_time=until_time)
     from streams.connection import connect
     from streams.definitions import MOTOR_STREAM
-    from streams.reader import Range, SkipCounter, read_range
+    from streams.log import Range
+    from streams.reader import SkipCounter, read_range
 
     skips = SkipCounter(MOTOR_STREAM, keep=MAX_LISTED, quiet=True)
     span = Range(until_seq=args.until_seq, until_time=until_time)

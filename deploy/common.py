@@ -8,10 +8,12 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from core.config import ClusterConfig, default_config, parse_config
+from core.config import ClusterConfig, default_config
+from core.configfile import parse_config
 from core.errors import ConfigError
 from core.redact import redact_url
 from core.secrets import resolve_secrets
+from deploy.config_import import load_mindie_file, read_text
 from streams.connection import NatsOptions, split_urls
 from streams.credentials import (
     CONTEXT_ENV,
@@ -41,14 +43,6 @@ def int_in(lo: int, hi: int) -> Callable[[str], int]:
     return parse
 
 
-def read_text(path: str, what: str = "config") -> bytes:
-    """A file's bytes, or a ConfigError naming it."""
-    try:
-        return Path(path).read_bytes()
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read {what}: {exc.strerror}") from None
-
-
 def load_config_file(path: str | None, env: str | None = None) -> ClusterConfig:
     """Read and validate a cluster config; `None` gives the embedded default. Secrets are
     filled in from their files and the environment (`core.secrets`).
@@ -64,8 +58,6 @@ def _load(path: str | None, env: str | None) -> ClusterConfig:
         if env is not None:
             raise ConfigError(f"{env}: --env goes with a MindIE-Motor user_config.json (--config)")
         return default_config()
-    from deploy.config_import import load_mindie_file
-
     mindie = load_mindie_file(path, env)
     if mindie is not None:
         cfg, imported = mindie

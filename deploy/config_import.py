@@ -28,9 +28,15 @@ def add_import(csub: Any) -> None:
     imp.set_defaults(func=_import)
 
 
-def _json(path: str, what: str) -> Any:
-    from deploy.common import read_text
+def read_text(path: str, what: str = "config") -> bytes:
+    """A file's bytes, or a ConfigError naming it."""
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read {what}: {exc.strerror}") from None
 
+
+def _json(path: str, what: str) -> Any:
     try:
         return orjson.loads(read_text(path, what))
     except orjson.JSONDecodeError as exc:

@@ -11,7 +11,7 @@ from typing import Any
 
 import orjson
 
-from streams.reader import Range
+from streams.log import Range
 
 _AGE = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h|d)$")
 _UNIT = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}

@@ -27,7 +27,8 @@ from typing import Any
 import orjson
 import yaml
 
-from core.config import ClusterConfig, parse_config
+from core.config import ClusterConfig
+from core.configfile import parse_config
 from core.errors import ConfigError
 from streams.credentials import Credentials
 from streams.permissions import NatsUser, cluster_users

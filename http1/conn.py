@@ -171,9 +171,7 @@ class LimitedProtocol(asyncio.Protocol):
             self.reject(
                 408, f"request body not received within {self.limits.body_timeout:g} s", "body_deadline"
             )
-        elif kind == "write":
-            # Mid-response: nothing can be said to a client that reads nothing. Cut it, which
-            # ends its request (and closes the engine connection it holds).
+        elif kind == "write":  # mid-response: a client that reads nothing is cut (its request ends)
             log.info("a client read nothing for %g s: connection cut", self.limits.write_stall_timeout)
             self.watchdog.rejected(408, "write_stall")
             self.closed = True

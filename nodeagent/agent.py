@@ -271,11 +271,8 @@ class NodeAgent:
         await self.engines.close(stop_engines=not keep)
         if not keep:
             reason = "node agent shut down" + (" and stopped its engines" if had else "")
-            self.outbox.post(
-                self._event(
-                    NodeDeregistered, NodeDeregisteredData(node_id=self.settings.node_id, reason=reason)
-                )
-            )
+            gone = NodeDeregisteredData(node_id=self.settings.node_id, reason=reason)
+            self.outbox.post(self._event(NodeDeregistered, gone))
         await self.outbox.drain(5.0)
 
     # ------------------------------------------------------------------ registration

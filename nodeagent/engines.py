@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING
 
 from core.events import EndpointSpec, EndpointStatus, StartCommandData
 from nodeagent import runstate
-from nodeagent.backends import LaunchContext, LaunchSpec, backend_for
+from nodeagent.backends import backend_for
+from nodeagent.backends.launch import LaunchContext, LaunchSpec
 from nodeagent.errors import CommandRefusal
 from nodeagent.health import HealthTracker
 from nodeagent.loadmetrics import Load

@@ -16,10 +16,6 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
-
-import aiohttp
-import orjson
 
 from core import faultcodes
 from core.events import (
@@ -37,39 +33,7 @@ from nodeagent.settings import AgentSettings
 
 log = logging.getLogger(__name__)
 
-KNOWN = ("healthy", "unhealthy", "dead")
 CODES = {"unhealthy": faultcodes.ENGINE_UNHEALTHY, "dead": faultcodes.ENGINE_DEAD}
-
-
-def ft_status(body: Any) -> str | None:
-    """The engine status in a fault-tolerance answer (`status`/`engine_status`/`state`, nested ok)."""
-    if isinstance(body, str):
-        text = body.strip().lower()
-        return text if text in KNOWN else None
-    if isinstance(body, dict):
-        for key in ("status", "engine_status", "state", "health"):
-            value = ft_status(body.get(key))
-            if value is not None:
-                return value
-        return None
-    if isinstance(body, list):
-        # One entry per rank: the worst wins.
-        found = [s for s in (ft_status(x) for x in body) if s is not None]
-        for worst in ("dead", "unhealthy", "healthy"):
-            if worst in found:
-                return worst
-    return None
-
-
-async def poll(session: aiohttp.ClientSession, url: str, http_timeout: float) -> str | None:
-    """The status an engine reports now; None when it did not answer usefully."""
-    try:
-        async with session.get(url, timeout=aiohttp.ClientTimeout(total=http_timeout)) as resp:
-            if resp.status != 200:
-                return None
-            return ft_status(orjson.loads(await resp.read()))
-    except (TimeoutError, aiohttp.ClientError, OSError, orjson.JSONDecodeError):
-        return None
 
 
 @dataclass

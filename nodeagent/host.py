@@ -17,7 +17,7 @@ from typing import Protocol
 import aiohttp
 
 from core.config import HealthCheckConfig
-from nodeagent.faults import poll
+from nodeagent.ftstatus import poll
 from nodeagent.health import check
 from nodeagent.loadmetrics import Load, scrape
 from nodeagent.supervisor import EngineProcess, Exit, port_free

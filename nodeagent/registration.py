@@ -9,7 +9,8 @@ from pydantic import ValidationError
 
 from core.config import EngineSection
 from core.events import EndpointSpec, NodeRegisteredData, ParallelConfig, Role
-from nodeagent.backends import backend_for, int_option
+from nodeagent.backends import backend_for
+from nodeagent.backends.launch import int_option
 from nodeagent.errors import StartupError
 from nodeagent.settings import AgentSettings, split_devices
 

@@ -37,10 +37,19 @@ from streams.cancelling import honour_swallowed_cancel
 from streams.consumer import PushConsumer, js_api
 from streams.definitions import ensure_streams
 from streams.errors import StreamsError
-from streams.log import API_TIMEOUT, BucketMissing, Delivery, KVEntry, Message, StreamMissing, WrongRevision
+from streams.log import (
+    API_TIMEOUT,
+    BucketMissing,
+    Delivery,
+    KVEntry,
+    Message,
+    Range,
+    StreamMissing,
+    WrongRevision,
+)
 from streams.lostlog import StreamView, parse_time_ns
 from streams.publisher import WRONG_LAST_SEQUENCE, Publisher
-from streams.reader import Range, read_batches
+from streams.reader import read_batches
 
 JS_INFO = "$JS.API.INFO"  # the cheapest question JetStream answers
 NO_MESSAGE = "no message found"  # STREAM.MSG.GET's answer for a sequence the stream does not hold

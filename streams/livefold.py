@@ -35,10 +35,10 @@ from core.errors import DecodeError
 from streams.definitions import HB_STREAM, MOTOR_STREAM
 from streams.errors import StreamsError
 from streams.foldparts import FoldHealth, Lane
-from streams.log import Delivery, Log, Ordered, StreamMissing, StreamReplaced
+from streams.log import Delivery, Log, Ordered, Range, StreamMissing, StreamReplaced
 from streams.lostlog import Loss, LossDetector, StreamView, overwritten
 from streams.poison import SkipLog, Skipped
-from streams.reader import Range, Record
+from streams.reader import Record
 
 log = logging.getLogger(__name__)
 

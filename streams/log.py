@@ -39,7 +39,6 @@ from streams.errors import StreamsError
 
 if TYPE_CHECKING:
     from streams.lostlog import StreamView
-    from streams.reader import Range
 
 API_TIMEOUT = 5.0  # how long a question to the log waits for its answer
 
@@ -52,6 +51,21 @@ class Delivery(NamedTuple):
     ts_ns: int  # stream timestamp, nanoseconds since the epoch
     subject: str
     data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Range:
+    """Which part of a stream to read: from a sequence or a time (else the first message), up to
+    a sequence or a time (else the last message when reading began), on a subject filter."""
+
+    start_seq: int | None = None
+    start_time: float | None = None
+    until_seq: int | None = None
+    until_time: float | None = None
+    filter_subject: str | None = None
+
+
+EVERYTHING = Range()
 
 
 class StreamMissing(StreamsError):

@@ -21,12 +21,11 @@ from core.errors import DecodeError
 from core.events import AnyEvent
 from streams.consumer import API_TIMEOUT, Delivery, PushConsumer, js_api
 from streams.definitions import MOTOR_STREAM
+from streams.log import EVERYTHING, Range
 from streams.poison import SkipLog, reason_for
 
 __all__ = [
-    "EVERYTHING",
     "Follower",
-    "Range",
     "Record",
     "SkipCounter",
     "read_batches",
@@ -65,21 +64,6 @@ async def stream_last_seq(nc: Client, stream: str = MOTOR_STREAM, *, wait: float
     """The stream's last sequence now (0 when empty); `wait` as `js_api`'s."""
     info = await js_api(nc, f"$JS.API.STREAM.INFO.{stream}", wait=wait)
     return int(info["state"]["last_seq"])
-
-
-@dataclass(frozen=True, slots=True)
-class Range:
-    """Which part of a stream to read: from a sequence or a time (else the first message), up to
-    a sequence or a time (else the last message when reading began), on a subject filter."""
-
-    start_seq: int | None = None
-    start_time: float | None = None
-    until_seq: int | None = None
-    until_time: float | None = None
-    filter_subject: str | None = None
-
-
-EVERYTHING = Range()
 
 
 async def read_batches(

@@ -29,9 +29,10 @@ from core.reducer import apply
 from core.state import ClusterState
 from streams.definitions import MOTOR_STREAM
 from streams.errors import StreamsError
+from streams.log import EVERYTHING, Range
 from streams.poison import INAPPLICABLE, Skipped, reason_for
 from streams.publisher import MOTOR_TYPE, MSG_ID
-from streams.reader import EVERYTHING, Range, read_batches, read_deliveries
+from streams.reader import read_batches, read_deliveries
 
 MAX_LISTED = 1000  # skipped events kept by a replay for display (all are counted)
 

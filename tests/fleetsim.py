@@ -31,7 +31,8 @@ from pathlib import Path
 from nats.aio.client import Client
 from nats.errors import Error as NatsError
 
-from core.config import ClusterConfig, parse_config
+from core.config import ClusterConfig
+from core.configfile import parse_config
 from core.errors import ConfigError
 from core.events import (
     EndpointLoad,

@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from core.config import ClusterConfig
 from core.errors import ConfigError
 from core.mindie.catalog import ENV_JSON, MINDIE_BLOCKS, USER_CONFIG
 from core.mindie.mapping import build
@@ -77,8 +78,6 @@ def config_from_mindie(
     user: Any, env: Any = None, source: str = "user_config.json", env_source: str = "env.json"
 ) -> tuple[Any, Imported]:
     """The validated `ClusterConfig` of a MindIE file and what the import found."""
-    from core.config import ClusterConfig
-
     imported = import_mindie(user, env, source, env_source)
     try:
         return ClusterConfig.model_validate(imported.data), imported

@@ -13,7 +13,7 @@ from typing import Any
 
 from core.config import EngineSection
 from core.events import Capacity, Role
-from nodeagent.backends import LaunchContext, LaunchSpec, int_option
+from nodeagent.backends.launch import LaunchContext, LaunchSpec, int_option
 from nodeagent.errors import StartupError
 from nodeagent.flags import merge_options, option_key, to_flags
 

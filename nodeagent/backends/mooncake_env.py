@@ -13,7 +13,7 @@ import ipaddress
 from typing import Any
 
 from core.events import Role
-from nodeagent.backends import LaunchContext
+from nodeagent.backends.launch import LaunchContext
 
 IPV6_VAR = "MC_USE_IPV6"
 SWITCH = "MOONCAKE_ASCEND_IPV6_EXPERIMENT"

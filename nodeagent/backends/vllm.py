@@ -18,7 +18,7 @@ from typing import Any
 
 from core.config import EngineSection
 from core.events import Capacity, Role
-from nodeagent.backends import LaunchContext, LaunchSpec, int_option
+from nodeagent.backends.launch import LaunchContext, LaunchSpec, int_option
 from nodeagent.backends.vllm_env import runtime_env
 from nodeagent.errors import StartupError
 from nodeagent.flags import merge_options, to_flags

@@ -22,7 +22,7 @@ import tempfile
 from pathlib import PurePosixPath
 from typing import Any
 
-from nodeagent.backends import LaunchContext
+from nodeagent.backends.launch import LaunchContext
 from nodeagent.backends.mooncake_env import ipv6_env
 
 # Distance of the NIXL side-channel port from the business port when the endpoint has no

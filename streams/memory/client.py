@@ -21,7 +21,7 @@ from core.events import EventBase
 from streams.batch import ATOMIC_DISABLED, NOT_AS_A_BATCH, publish_in_chunks
 from streams.definitions import LEASE_TTL
 from streams.errors import PublishFailed, PublishTimeout, SequenceConflict, StreamsError
-from streams.log import API_TIMEOUT, Delivery, KVEntry, Message
+from streams.log import API_TIMEOUT, Delivery, KVEntry, Message, Range
 from streams.lostlog import StreamView
 from streams.memory.durables import GONE, ConsumerGone, DurableState
 from streams.memory.link import DirectLink, Link
@@ -29,7 +29,6 @@ from streams.memory.ordered import MemoryOrdered
 from streams.memory.server import MemoryServer
 from streams.memory.store import Refused
 from streams.publisher import WRONG_LAST_SEQUENCE, headers_for
-from streams.reader import Range
 
 T = TypeVar("T")
 

@@ -15,17 +15,28 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import Protocol, TypeVar
 
 from streams.consumer import MAX_RETRY_DELAY
 from streams.errors import StreamsError
 from streams.log import API_TIMEOUT, Delivery, StreamMissing, StreamReplaced
+from streams.memory.link import Link
+from streams.memory.server import MemoryServer
 from streams.memory.store import MemStream
 
-if TYPE_CHECKING:
-    from collections.abc import Callable
+T = TypeVar("T")
 
-    from streams.memory.client import MemoryLog
+
+class Client(Protocol):
+    """What a consumer needs of its client (`client.MemoryLog`): the server, the link to it,
+    and a question asked over that link."""
+
+    server: MemoryServer
+    link: Link
+
+    async def ask(self, op: Callable[[], T], within: float, what: str) -> T: ...
+
 
 BATCH = 256  # messages in one delivery at most
 
@@ -35,7 +46,7 @@ class MemoryOrdered:
 
     def __init__(
         self,
-        log: MemoryLog,
+        log: Client,
         stream: str,
         *,
         start_seq: int | None = None,

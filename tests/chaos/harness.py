@@ -33,7 +33,8 @@ from deploy.cluster import NATS, LocalCluster
 from deploy.watch import snapshot_state
 from streams.connection import connect
 from streams.definitions import MOTOR_STREAM
-from streams.reader import Range, read_deliveries
+from streams.log import Range
+from streams.reader import read_deliveries
 from tests.chaos.fleet import converged, engines, not_active, probe, scrape, served
 from tests.chaos.invariants import Entry, Proc
 from tests.chaos.load import SPECS, LoadGen, Outcome, reference_texts, run_one

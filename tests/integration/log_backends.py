@@ -32,9 +32,8 @@ from core.ids import derive_id, new_id
 from streams.connection import connect
 from streams.definitions import MOTOR_STREAM, ensure_streams
 from streams.jetstream import JetStreamLog
-from streams.log import Log
+from streams.log import Log, Range
 from streams.memory import MemoryLog, MemoryServer
-from streams.reader import Range
 from streams.server import EmbeddedNats
 
 LEASE_TTL = 1.0

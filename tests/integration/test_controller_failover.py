@@ -34,8 +34,9 @@ from core.state import ClusterState, state_to_dict
 from streams.checkpoint import load_checkpoint
 from streams.definitions import MOTOR_STREAM
 from streams.jetstream import JetStreamLog
+from streams.log import Range
 from streams.publisher import Publisher
-from streams.reader import Range, read_range
+from streams.reader import read_range
 from streams.server import EmbeddedNats
 from tests.integration.controller_harness import CONTROLLER, Cluster, operator_event, state_is
 

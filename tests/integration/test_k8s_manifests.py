@@ -19,7 +19,8 @@ from typing import Any
 import orjson
 import pytest
 
-from core.config import ClusterConfig, parse_config
+from core.config import ClusterConfig
+from core.configfile import parse_config
 from tests.integration.k8s_render import (
     K8S,
     K8S_VERSIONS,

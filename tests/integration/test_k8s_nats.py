@@ -38,7 +38,8 @@ import pytest
 import pytest_asyncio
 import yaml
 
-from core.config import ClusterConfig, parse_config
+from core.config import ClusterConfig
+from core.configfile import parse_config
 from deploy.k8s_secrets import CLIENTS_SECRET, NODEAGENTS_SECRET, SERVER_KEY, SERVER_SECRET
 from streams.connection import NatsOptions, connect
 from streams.credentials import CONTEXT_ENV, load_context

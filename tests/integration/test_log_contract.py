@@ -16,8 +16,7 @@ import pytest
 from core import subjects
 from streams.definitions import HB_STREAM, MOTOR_STREAM
 from streams.errors import SequenceConflict
-from streams.log import StreamMissing
-from streams.reader import Range
+from streams.log import Range, StreamMissing
 from tests.integration.log_backends import Backend, backend, beat, leader, read_all
 from tests.integration.streams_events import mixed, status_changed
 

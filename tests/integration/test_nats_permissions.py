@@ -565,7 +565,7 @@ async def test_a_node_agents_fold_checks_its_last_event_after_a_reconnect_with_i
     read another node's commands): its fold asks through its own filter, and is checked without
     a permission violation (it asked $JS.API.STREAM.MSG.GET.MOTOR every 2 s, refused, for good)."""
     from streams.livefold import LiveFold
-    from streams.reader import Range
+    from streams.log import Range
 
     class Watched(JetStreamLog):
         asked: list[Range] = []

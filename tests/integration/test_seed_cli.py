@@ -13,7 +13,7 @@ import orjson
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
-from core.config import parse_config
+from core.configfile import parse_config
 from core.events import FaultLevel, FaultReported
 from core.mindie import config_from_mindie
 from streams.definitions import MOTOR_STREAM

@@ -19,8 +19,9 @@ from streams.consumer import StreamMissing
 from streams.definitions import HB_STREAM, MOTOR_STREAM, ensure_streams
 from streams.errors import StreamsError
 from streams.jetstream import JetStreamLog
+from streams.log import Range
 from streams.publisher import Publisher
-from streams.reader import Follower, Range, Record, read_range
+from streams.reader import Follower, Record, read_range
 from streams.replay import export_jsonl, fold_jsonl, fold_stream, import_jsonl
 from tests.bench.replay import workload
 from tests.integration.streams_events import mixed, status_changed

@@ -41,8 +41,9 @@ from deploy.hosts import Host
 from deploy.watch import snapshot_state
 from streams.connection import connect
 from streams.definitions import MOTOR_STREAM
+from streams.log import Range
 from streams.placement import StreamPlacement, stream_placement
-from streams.reader import Range, read_deliveries
+from streams.reader import read_deliveries
 from tests.chaos.fleet import counter, pid_on, scrape
 from tests.chaos.harness import chaos_config, entry
 from tests.chaos.invariants import Entry, Proc

@@ -19,7 +19,8 @@ from typing import Any
 
 from core.config import EngineSection
 from core.events import EndpointSpec, Role
-from nodeagent.backends import LaunchContext, LaunchSpec, backend_for
+from nodeagent.backends import backend_for
+from nodeagent.backends.launch import LaunchContext, LaunchSpec
 from tests.integration.nodeagent_harness import MARKER, free_port, kill_marked
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -2,7 +2,8 @@ from pathlib import Path
 
 import pytest
 
-from core.config import default_config, parse_config
+from core.config import default_config
+from core.configfile import parse_config
 from core.errors import ConfigError
 
 EXAMPLES = sorted(Path(__file__).parents[2].joinpath("examples").glob("*.*"))

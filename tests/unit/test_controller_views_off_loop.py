@@ -14,7 +14,7 @@ from fastapi import FastAPI
 from controller.http import create_app
 from controller.service import ControllerService
 from controller.views import instances_view
-from core.config import parse_config
+from core.configfile import parse_config
 from core.reducer import apply
 from core.state import ClusterState
 from tests.unit.factories import assembled, registered

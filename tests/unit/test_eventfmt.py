@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from deploy.eventfmt import BadArgument, parse_position, range_of, short_time, summarize
-from streams.reader import Range
+from streams.log import Range
 
 NOW = 1_800_000_000.0
 

@@ -10,7 +10,8 @@ from typing import Any
 import orjson
 import pytest
 
-from core.config import ClusterConfig, EngineSection, parse_config
+from core.config import ClusterConfig, EngineSection
+from core.configfile import parse_config
 from core.errors import ConfigError
 from core.events import EndpointSpec, Role
 from core.mindie import config_from_mindie, import_mindie, is_mindie
@@ -18,7 +19,8 @@ from core.mindie.catalog import ENGINE_BLOCK, USER_CONFIG, Map
 from core.mindie.catalog_doc import render_table
 from deploy.cluster import LocalCluster
 from deploy.localports import one_machine_ports
-from nodeagent.backends import LaunchContext, LaunchSpec, backend_for
+from nodeagent.backends import backend_for
+from nodeagent.backends.launch import LaunchContext, LaunchSpec
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "mindie"
 DOC = Path(__file__).resolve().parents[2] / "docs" / "mindie-config.md"

@@ -6,8 +6,9 @@ import pytest
 
 from core.config import EngineSection
 from core.events import EndpointSpec, Role
-from nodeagent.backends import LaunchContext, backend_for
+from nodeagent.backends import backend_for
 from nodeagent.backends import vllm as vllm_backend
+from nodeagent.backends.launch import LaunchContext
 from nodeagent.errors import StartupError
 
 

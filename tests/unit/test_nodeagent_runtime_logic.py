@@ -24,7 +24,8 @@ from core.state import ClusterState
 from nodeagent import runstate
 from nodeagent.command_handler import answer, check_start
 from nodeagent.errors import CommandRefusal, Refusal
-from nodeagent.faults import FaultTracker, ft_status
+from nodeagent.faults import FaultTracker
+from nodeagent.ftstatus import ft_status
 from nodeagent.health import HealthTracker
 from nodeagent.loadmetrics import load_from_text
 from nodeagent.resync import Running, missing_reason

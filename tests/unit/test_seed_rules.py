@@ -24,7 +24,8 @@ from core.events import (
     Role,
     StartCommandData,
 )
-from nodeagent.backends import LaunchContext, backend_for
+from nodeagent.backends import backend_for
+from nodeagent.backends.launch import LaunchContext
 from nodeagent.backends.mooncake_env import ipv6_env
 from nodeagent.metrics import AgentMetrics
 from nodeagent.snapshot import Snapshot, with_namespace

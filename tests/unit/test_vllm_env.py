@@ -8,9 +8,11 @@ from typing import Any
 
 import pytest
 
-from core.config import EngineSection, parse_config
+from core.config import EngineSection
+from core.configfile import parse_config
 from core.events import EndpointSpec, Role
-from nodeagent.backends import LaunchContext, backend_for
+from nodeagent.backends import backend_for
+from nodeagent.backends.launch import LaunchContext
 
 NIXL_CPU = {"kv_connector": "NixlConnector", "kv_buffer_device": "cpu"}
 
