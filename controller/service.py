@@ -33,7 +33,7 @@ from core.state import ClusterState
 from streams.checkpoint import Origin, load_checkpoint_origin, save_checkpoint
 from streams.connection import NatsOptions, connect
 from streams.definitions import HB_STREAM, MOTOR_STREAM
-from streams.errors import StreamsError
+from streams.errors import CorruptCheckpoint
 from streams.jetstream import JetStreamLog
 from streams.livefold import LiveFold
 from streams.log import Log
@@ -211,9 +211,7 @@ class ControllerService:
     async def _load_checkpoint(self, motor: Log) -> None:
         try:
             found = await load_checkpoint_origin(motor, self.checkpoint_key)
-        except StreamsError as exc:
-            if "unreadable" not in str(exc) and "format" not in str(exc):
-                raise  # NATS away: try again
+        except CorruptCheckpoint as exc:  # any other StreamsError is NATS trouble: tried again
             log.warning("checkpoint unusable (%s); replaying the whole log", exc)
             found = None
         view = await motor.stream_info(MOTOR_STREAM)

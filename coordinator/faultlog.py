@@ -6,7 +6,7 @@ failed, requests retried before their first byte — are counted per endpoint an
 per window (`coordinator.streams_disrupted`), so a storm of a thousand broken streams is one
 event per endpoint and second.
 
-Nothing here may slow or fail a request: events go to an `Outbox`, a bounded queue drained by
+Nothing here may slow or fail a request: events go to a `FaultOutbox`, a bounded queue drained by
 one background task; when NATS is away the task retries the oldest event with backoff (its id
 is fixed, so a publish that did land is deduplicated) and new events wait in the queue until
 it is full, after which they are dropped and counted.
@@ -52,18 +52,18 @@ class EventPublisher(Protocol):
     async def publish(self, event: EventBase, *, expected_last_subject_seq: int | None = None) -> int: ...
 
 
-class OutboxMetrics(Protocol):
+class FaultOutboxMetrics(Protocol):
     """The counters the outbox keeps (see `coordinator.metrics`)."""
 
     fault_events: Counter
     fault_events_dropped: Counter
 
 
-class Outbox:
+class FaultOutbox:
     """Publishes events off the hot path; `post` never blocks and never raises."""
 
     def __init__(
-        self, publisher: EventPublisher, *, capacity: int = QUEUE, metrics: OutboxMetrics | None = None
+        self, publisher: EventPublisher, *, capacity: int = QUEUE, metrics: FaultOutboxMetrics | None = None
     ) -> None:
         self.publisher = publisher
         self.metrics = metrics

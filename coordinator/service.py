@@ -21,7 +21,7 @@ from nats.js import JetStreamContext
 from coordinator.breaker import Breakers, BreakerState, CircuitChange
 from coordinator.choose import Chooser
 from coordinator.context import CoordinatorContext
-from coordinator.faultlog import FaultLog, Outbox
+from coordinator.faultlog import FaultLog, FaultOutbox
 from coordinator.feed import follow_log
 from coordinator.metrics import BREAKER_CLOSED, BREAKER_HALF_OPEN, BREAKER_OPEN
 from coordinator.mgmt import create_mgmt_app, mgmt_access
@@ -74,7 +74,7 @@ class Proxy:
     app: ProxyApp
     ups: Upstreams
     faults: FaultLog | None
-    outbox: Outbox | None
+    outbox: FaultOutbox | None
 
     async def close(self) -> None:
         """Close engine connections; flush the fault log and give its outbox a moment."""
@@ -93,7 +93,7 @@ def build_proxy(
     s = ctx.settings
     metrics = ctx.metrics
     table = ctx.table
-    outbox = Outbox(ctx.publisher, metrics=metrics) if ctx.publisher is not None else None
+    outbox = FaultOutbox(ctx.publisher, metrics=metrics) if ctx.publisher is not None else None
     faults = FaultLog(table, outbox.post, coordinator=name, source=ctx.source) if outbox is not None else None
 
     def on_change(change: CircuitChange) -> None:

@@ -198,7 +198,7 @@ async def _sub(args: argparse.Namespace) -> int:
 
 async def _export(args: argparse.Namespace) -> int:
     from deploy.eventfmt import parse_position, range_of
-    from streams.replay import export_jsonl
+    from streams.offline import export_jsonl
 
     since = parse_position(args.since, "--since") if args.since else None
     until = parse_position(args.until, "--until") if args.until else None
@@ -214,7 +214,7 @@ async def _export(args: argparse.Namespace) -> int:
 
 async def _import(args: argparse.Namespace) -> int:
     from streams.definitions import ensure_streams
-    from streams.replay import import_jsonl
+    from streams.offline import import_jsonl
 
     nc = await _connect(args)
     try:

@@ -167,7 +167,7 @@ def _fault_clear(args: argparse.Namespace) -> int:
 
 async def _fold(args: argparse.Namespace) -> Any:
     from streams.connection import connect
-    from streams.replay import fold_stream
+    from streams.offline import fold_stream
 
     nc = await connect(nats_options(args), name="motor-cli")
     try:

@@ -89,9 +89,9 @@ def read_jsonl_records(
     from core.codec import decode_dict
     from core.errors import DecodeError
     from streams.definitions import MOTOR_STREAM
+    from streams.offline import iter_jsonl
     from streams.poison import Skipped, reason_for
     from streams.reader import Record
-    from streams.replay import iter_jsonl
 
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such export file")

@@ -65,11 +65,11 @@ class StateWatcher:
 async def snapshot_state(nc: Any) -> ClusterState:
     """Fold what the log holds now (MOTOR, then the latest heartbeats) and return it.
 
-    Events the fold cannot use are skipped (`streams.replay`), never a traceback.
+    Events the fold cannot use are skipped (`streams.offline`), never a traceback.
     """
     from streams.definitions import HB_STREAM
+    from streams.offline import fold_stream
     from streams.reader import read_range
-    from streams.replay import fold_stream
 
     state, _ = await fold_stream(nc)
     async for rec in read_range(nc, HB_STREAM, skips=SkipCounter(HB_STREAM, quiet=True)):

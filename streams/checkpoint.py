@@ -16,7 +16,7 @@ import orjson
 
 from core.state import ClusterState, state_from_dict, state_to_dict
 from streams.definitions import CHECKPOINT_BUCKET
-from streams.errors import CheckpointError, StreamsError
+from streams.errors import CheckpointError, CorruptCheckpoint, StreamsError
 from streams.log import BucketMissing, Log
 
 FORMAT = 1
@@ -51,12 +51,12 @@ def decode_checkpoint_origin(value: bytes) -> tuple[ClusterState, Origin]:
     try:
         raw = orjson.loads(zlib.decompress(value))
         if raw.get("format") != FORMAT:
-            raise CheckpointError(f"checkpoint format {raw.get('format')!r} is not {FORMAT}")
+            raise CorruptCheckpoint(f"checkpoint format {raw.get('format')!r} is not {FORMAT}")
         ts = raw.get("event_ts")
         origin = Origin(raw.get("stream_created"), float(ts) if ts is not None else None)
         return state_from_dict(raw["state"]), origin
     except (zlib.error, orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-        raise CheckpointError(f"unreadable checkpoint: {exc}") from None
+        raise CorruptCheckpoint(f"unreadable checkpoint: {exc}") from None
 
 
 def decode_checkpoint(value: bytes) -> ClusterState:

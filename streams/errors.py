@@ -40,3 +40,8 @@ class PublishFailed(StreamsError):
 
 class CheckpointError(StreamsError):
     """A checkpoint could not be stored or read back."""
+
+
+class CorruptCheckpoint(CheckpointError):
+    """The stored checkpoint is not one this version can read (a bad value, another format):
+    nothing to retry, the log is replayed instead."""

@@ -3,7 +3,7 @@
 Publishes a realistic log (registrations and assemblies, then a mix dominated by endpoint
 status changes and command results) to an embedded nats-server, then alternates rounds of
 (a) nats-py's ordered push consumer with orjson decode only (the reference) and
-(b) `streams.replay.fold_stream`: typed decode + `core.reducer.apply` into a ClusterState.
+(b) `streams.offline.fold_stream`: typed decode + `core.reducer.apply` into a ClusterState.
 Rates are the best round of each (the machine is shared; the best is the least disturbed).
 `ratio` is the median over rounds of fold/raw measured back to back, which cancels the drift
 of a shared machine; `ratio_best` divides the two best rounds.
@@ -197,7 +197,7 @@ async def _reader_round(nc: object, n: int) -> float:
 
 
 async def _fold_round(nc: object, n: int, raw: bool | None = None) -> tuple[float, int]:
-    from streams.replay import fold_stream
+    from streams.offline import fold_stream
 
     state, stats = await fold_stream(nc, raw=raw)  # type: ignore[arg-type]
     if stats.applied + stats.skipped != n:

@@ -36,7 +36,8 @@ from core.events import (
     StopCommandData,
 )
 from core.ids import new_id
-from streams.reader import Follower, Record
+from streams.reader import Record
+from tests.follower import Follower
 
 MARKER = "MOTOR_NODEAGENT_TEST"
 ROOT = Path(__file__).resolve().parents[2]

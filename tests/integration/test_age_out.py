@@ -22,7 +22,7 @@ from nats.js import JetStreamContext
 from core.config import NatsConfig
 from core.events import EndpointStatus, InstanceState
 from streams.definitions import DAY, MOTOR_STREAM, ensure_streams
-from streams.replay import fold_stream
+from streams.offline import fold_stream
 from tests.integration.controller_harness import Cluster, assembled, engine_pid, state_is
 from tests.integration.coord_harness import start_coordinator, wait_routable
 

@@ -19,8 +19,8 @@ from nats.js import JetStreamContext
 from core.events import InstanceState
 from core.state import ClusterState
 from streams.definitions import MOTOR_STREAM, ensure_streams
+from streams.offline import fold_stream
 from streams.publisher import Publisher
-from streams.replay import fold_stream
 from tests.integration.controller_harness import Cluster, assembled, engine_pid, state_is
 from tests.integration.nodeagent_harness import stop_command
 

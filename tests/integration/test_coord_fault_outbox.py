@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from coordinator.breaker import BreakerState, CircuitChange
-from coordinator.faultlog import FaultLog, Outbox
+from coordinator.faultlog import FaultLog, FaultOutbox
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.table import RoutingTable
 from streams.connection import connect
@@ -22,12 +22,12 @@ async def test_fault_events_never_wait_for_nats_and_land_when_it_is_back(tmp_pat
     server = EmbeddedNats(tmp_path / "nats")
     await server.start()
     nc = await connect(server.url, name="outbox-test")
-    outbox: Outbox | None = None
+    outbox: FaultOutbox | None = None
     try:
         js = nc.jetstream()
         await ensure_streams(js)
         metrics = CoordinatorMetrics()
-        outbox = Outbox(Publisher(js, ack_timeout=1.0), capacity=8, metrics=metrics)
+        outbox = FaultOutbox(Publisher(js, ack_timeout=1.0), capacity=8, metrics=metrics)
         log = FaultLog(RoutingTable(), outbox.post, coordinator="c1", source="coordinator/c1")
         log.circuit(CircuitChange("n0/0", BreakerState.OPEN, "before the outage", 3, 30))
         deadline = time.monotonic() + 10

@@ -61,8 +61,8 @@ from streams.definitions import HB_STREAM, LEADER_BUCKET, MOTOR_STREAM, ensure_s
 from streams.errors import NatsUnavailable, PublishTimeout
 from streams.jetstream import JetStreamLog
 from streams.publisher import Publisher
-from streams.reader import Follower
 from streams.server import EmbeddedNats
+from tests.follower import Follower
 from tests.integration.nodeagent_harness import Agent, EventTail, start_command, write_config
 from tests.unit.factories import registered
 

@@ -13,8 +13,9 @@ from streams.connection import NatsOptions, connect
 from streams.definitions import ensure_streams
 from streams.errors import NatsUnavailable
 from streams.publisher import Publisher
-from streams.reader import Follower, Record
+from streams.reader import Record
 from streams.server import EmbeddedNats
+from tests.follower import Follower
 from tests.integration.streams_events import mixed
 
 AUTH = """

@@ -9,7 +9,8 @@ from nats.js import JetStreamContext
 
 from core import subjects
 from streams.publisher import Publisher
-from streams.reader import Follower, read_range
+from streams.reader import read_range
+from tests.follower import Follower
 from tests.integration.streams_events import mixed, status_changed
 
 

@@ -13,8 +13,9 @@ from streams.connection import connect
 from streams.consumer import js_api
 from streams.definitions import MOTOR_STREAM, ensure_streams
 from streams.publisher import Publisher
-from streams.reader import Follower, Record
+from streams.reader import Record
 from streams.server import EmbeddedNats
+from tests.follower import Follower
 from tests.integration.streams_events import mixed
 
 DEADLINE = 60.0

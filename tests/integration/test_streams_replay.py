@@ -20,10 +20,11 @@ from streams.definitions import HB_STREAM, MOTOR_STREAM, ensure_streams
 from streams.errors import StreamsError
 from streams.jetstream import JetStreamLog
 from streams.log import Range
+from streams.offline import export_jsonl, fold_jsonl, fold_stream, import_jsonl
 from streams.publisher import Publisher
-from streams.reader import Follower, Record, read_range
-from streams.replay import export_jsonl, fold_jsonl, fold_stream, import_jsonl
+from streams.reader import Record, read_range
 from tests.bench.replay import workload
+from tests.follower import Follower
 from tests.integration.streams_events import mixed, status_changed
 
 DEADLINE = 60.0

@@ -9,8 +9,8 @@ from pathlib import Path
 from streams.connection import NatsOptions, connect
 from streams.definitions import ensure_streams
 from streams.publisher import Publisher
-from streams.reader import Follower
 from streams.server import EmbeddedNats
+from tests.follower import Follower
 from tests.integration.streams_events import mixed
 
 

@@ -1,4 +1,4 @@
-"""Generic replay machinery: fold a range of the log into a ClusterState, export, import.
+"""The log used offline: fold a range of it into a ClusterState, export it to JSONL, import it.
 
 `motor replay`, `motor events export/import` and the tests use it. A fold is the same
 `core.reducer.apply` the controller runs, so a replay to sequence N shows exactly what the
