@@ -55,15 +55,6 @@ def statuses_since(node: NodeRecord, cmd: StartRecord) -> dict[int, EndpointStat
     }
 
 
-def latest_endpoint_event(node: NodeRecord) -> tuple[int, str]:
-    """(seq, event id) of the node's newest endpoint status, (0, '') if none."""
-    best = (0, "")
-    for e, q in node.endpoint_seq.items():
-        if q > best[0]:
-            best = (q, node.endpoint_event_id.get(e, ""))
-    return best
-
-
 def member_index(state: ClusterState) -> dict[str, int]:
     """node id -> the instance that lists it (the instance's member list is what counts)."""
     out: dict[str, int] = {}
@@ -84,11 +75,6 @@ def fault_instance(
         # An operator may report a fault for an instance with a node id we do not know.
         return state.instances.get(fault.data.instance_id)
     return None
-
-
-def node_blocked(state: ClusterState, node_id: str) -> bool:
-    """An open replace-level fault keeps the node out of assembly."""
-    return any(f.data.level in REPLACE_LEVELS for f in state.faults.values() if f.data.node_id == node_id)
 
 
 def stop_outstanding(node: NodeRecord) -> bool:

@@ -48,15 +48,6 @@ class Backend(Protocol):
     def launch(self, ctx: LaunchContext) -> LaunchSpec: ...
 
 
-def first_value(section: EngineSection, *keys: str) -> object:
-    """The first engine option present under any of `keys` (snake or kebab spelling)."""
-    for key in keys:
-        value = section.engine_value(key)
-        if value is not None:
-            return value
-    return None
-
-
 def int_option(section: EngineSection, default: int, *keys: str) -> int:
     """An integer engine option, with a start-up error naming the key when it is not one."""
     for key in keys:
