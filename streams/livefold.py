@@ -363,6 +363,18 @@ class LiveFold:
         if lane.created is None:
             lane.created = view.created
         reason = self.detector.observe(view, folded)
+        if (
+            reason is None
+            and folded
+            and not self._position_ts_ns
+            and view.first_seq <= folded <= view.last_seq
+        ):
+            # Started from a checkpoint: learn the stream time of the message it starts after,
+            # or a reconnect could not check it (a standby back from a checkpoint took over on
+            # a fold whose tail the log had lost and written over; tests/sim seed 986).
+            stored = await self._stored(lane.stream, folded)
+            if stored is not None and folded == self.position and not self._position_ts_ns:
+                self._position_ts_ns = stored.ts_ns
         if reason is None and self._recheck is not None:
             seq, ts_ns = self._recheck
             if view.first_seq <= seq <= view.last_seq:

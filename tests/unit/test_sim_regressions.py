@@ -113,3 +113,13 @@ def test_seed_1217_a_node_whose_dead_engine_was_stopped_can_serve_again() -> Non
     good, and when the replacement failed no prefill was left. The fault reporter now clears the
     faults of an engine that is gone (nodeagent/faults.py `on_engine_gone`)."""
     assert _failures(1217) == []
+
+
+def test_seed_986_a_standby_back_from_a_checkpoint_checks_its_fold_after_a_reconnect() -> None:
+    """Seed 986: a standby restarted from a checkpoint had folded nothing since, so its fold
+    knew no stream time for the message it started after; a server restart lost MOTOR's tail
+    and the node agents wrote over it, and the standby, reconnected, took the lease and decided
+    on the checkpoint's facts the log no longer had (replay --verify: DEGRADED on a state the
+    log never held). A fold started from a checkpoint now learns that message's time first, so
+    a reconnect checks it like any other."""
+    assert _failures(986) == []
