@@ -6,6 +6,7 @@ the loop goes on while they are built, and the answers are what the views say.""
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 
 import orjson
@@ -74,15 +75,22 @@ async def test_views_of_a_big_state_leave_the_loop_free() -> None:
             await asyncio.sleep(0.01)
             lags.append(time.monotonic() - t - 0.01)
 
-    tick = asyncio.create_task(ticker())
-    longest = 0.0
-    for _ in range(3):
-        t = time.monotonic()
-        (sa, _), (sb, body) = await asyncio.gather(get(app, "/debug/state"), get(app, "/v1/instances"))
-        longest = max(longest, time.monotonic() - t)
-        assert sa == sb == 200
-    done.set()
-    await tick
+    # The collector stops every thread while it runs, wherever it was triggered: after the rest
+    # of the suite its full passes take long enough to look like a stall. Not what is judged.
+    gc.collect()
+    gc.disable()
+    try:
+        tick = asyncio.create_task(ticker())
+        longest = 0.0
+        for _ in range(3):
+            t = time.monotonic()
+            (sa, _), (sb, body) = await asyncio.gather(get(app, "/debug/state"), get(app, "/v1/instances"))
+            longest = max(longest, time.monotonic() - t)
+            assert sa == sb == 200
+        done.set()
+        await tick
+    finally:
+        gc.enable()
     got = orjson.loads(body)
     assert got["instances"] == orjson.loads(
         orjson.dumps(instances_view(svc.state), option=orjson.OPT_NON_STR_KEYS)
