@@ -40,7 +40,10 @@ def free_ports(n_nodes: int, nats_servers: int = 1) -> Ports:
     on base+4000+i (`motor up --nats-port`'s layout; deploy.natscluster: each NATS port + i).
     """
     for _ in range(200):
-        base = random.randrange(20000, 50000, 1000)
+        # Below Linux's ephemeral range (32768-60999): a port picked there can be taken by any
+        # process's outgoing connection or a vLLM engine's internal socket before our process
+        # binds it (test-vllm: the coordinator's port, 'address already in use').
+        base = random.randrange(10000, 28000, 1000)
         nats = [
             base + off + i for off in (0, NATS_ROUTE_OFFSET, NATS_MONITOR_OFFSET) for i in range(nats_servers)
         ]
