@@ -27,6 +27,7 @@ class Endpoint:
     avail_slots: int = 0
     avail_blocks: int = 0
     inflight: int = 0  # this coordinator's requests on it now: counted only by `busy`
+    ttft: float = 0.0  # its recent time to first byte, seconds (0: none yet; `proxy.hedge`)
     # `with ep.busy:` counts a request on it for the block: the one way it is counted.
     busy: InFlight = field(init=False, repr=False, compare=False)
 
@@ -65,8 +66,8 @@ class InFlight:
 
     The attempt loop holds it on the endpoint whose answer the client gets (a P/D decode from
     the moment the pair is chosen, prefill leg included, so a burst sees the pair busy at once)
-    and the prefill leg on its prefill. A later abort-on-leave (an endpoint that left routing)
-    would find the attempts waiting on an endpoint here."""
+    and the prefill leg on its prefill. (The exchanges on an endpoint, which end when it
+    leaves routing, are `proxy.exchanges`'.)"""
 
     __slots__ = ("ep",)
 

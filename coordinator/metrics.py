@@ -161,6 +161,19 @@ class CoordinatorMetrics:
             "Endpoints a request had excluded after a failure and tried again once they were READY as a new process",
             registry=r,
         )
+        self.moved = Counter(
+            "motor_coordinator_moved",
+            "Engine exchanges ended because their endpoint left routing (health, instance state, "
+            "an opened circuit): the request went on elsewhere at once",
+            registry=r,
+        )
+        self.hedges = Counter(
+            "motor_coordinator_hedges",
+            "Requests sent on a second path after no first byte within their endpoint's recent "
+            "time to first byte × hedge.factor, by which attempt answered first",
+            ["winner"],
+            registry=r,
+        )
         self.upstream_errors = Counter(
             "motor_coordinator_upstream_errors", "Failed upstream attempts", ["endpoint", "kind"], registry=r
         )

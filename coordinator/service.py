@@ -30,6 +30,7 @@ from coordinator.proxy.admit import Admission
 from coordinator.proxy.app import ProxyApp
 from coordinator.proxy.asgi import ASGIApp, Lifespan
 from coordinator.proxy.attempts import Attempts
+from coordinator.proxy.hedge import Hedger
 from coordinator.proxy.legs import Legs
 from coordinator.proxy.mgmtport import mgmt_head, start_mgmt_server, start_mgmt_unix
 from coordinator.proxy.pipeline import Pipeline
@@ -115,6 +116,8 @@ def build_proxy(
             log.info("circuit of %s closed: %s", key, change.reason)
         if faults is not None:
             faults.circuit(change)
+        if state == BreakerState.OPEN:
+            metrics.moved.inc(ups.leave(key, f"its circuit opened: {change.reason}"))
 
     breakers = Breakers(
         failures=s.breaker.failures,
@@ -138,9 +141,18 @@ def build_proxy(
         first_token_timeout=s.first_token_timeout,
         inter_token_timeout=s.inter_token_timeout,
     )
+
+    def on_leave(key: str, why: str) -> None:
+        metrics.moved.inc(ups.leave(key, why))
+
+    table.on_leave = on_leave
+    table.schedule = asyncio.get_running_loop().call_soon
     legs = Legs(ups, breakers, metrics=metrics, faults=faults)
     chooser = Chooser(table, make_policies(s))
-    attempts = Attempts(table, chooser, legs, retries=s.retries, metrics=metrics, faults=faults)
+    hedger = Hedger(s.hedge, s.first_token_timeout, lose=ups.pool.exchanges.lose, metrics=metrics)
+    attempts = Attempts(
+        table, chooser, legs, retries=s.retries, metrics=metrics, faults=faults, hedger=hedger
+    )
     guard = Guard(s.api_keys, s.admin_keys, admin_field="coordinator.admin_keys")
     rl = s.rate_limit
     admission = Admission(

@@ -77,6 +77,12 @@ class RoutingTable:
         self._hold = LossHold()  # what stays routable across a lost log (coordinator.losshold)
         # Called with (key, incarnation) when an endpoint reports READY as another process.
         self.on_incarnation: Callable[[str, Incarnation], None] | None = None
+        # Called with (key, why) when a routable endpoint stops being so (the proxy ends the
+        # exchanges waiting on it); `schedule` runs a callable soon (the loop's call_soon), so
+        # a live fold notices at once instead of at the next request's read.
+        self.on_leave: Callable[[str, str], None] | None = None
+        self.schedule: Callable[[Callable[[], None]], object] | None = None
+        self._check_due = False
 
     # ------------------------------------------------------------------ fold
 
@@ -105,6 +111,14 @@ class RoutingTable:
         if seq > self.last_seq:
             self.last_seq = seq
         self._dirty = True
+        if self.schedule is not None and not self._check_due:
+            self._check_due = True  # once per burst of events: one rebuild, as a read would
+            self.schedule(self._check)
+
+    def _check(self) -> None:
+        self._check_due = False
+        if self._dirty:
+            self._rebuild()  # tells `on_leave` of what stopped being routable
 
     def apply_all(self, events: Iterable[tuple[int, AnyEvent | EventBase]]) -> None:
         """Fold `(seq, event)` pairs."""
@@ -279,6 +293,16 @@ class RoutingTable:
 
     # ------------------------------------------------------------------ derive
 
+    def _left(self, was: tuple[Endpoint, ...], derived: dict[str, Derived]) -> None:
+        on_leave = self.on_leave
+        assert on_leave is not None
+        for ep in was:
+            d = derived.get(ep.key)
+            if d is None:
+                on_leave(ep.key, "gone from the log")
+            elif not d.routable:
+                on_leave(ep.key, d.why or "not routable")
+
     def _rebuild(self) -> None:
         nodes = self._state.nodes
         if any(n not in nodes for n, _ in self._loads):
@@ -292,7 +316,10 @@ class RoutingTable:
                 copy_attrs(prev.ep, d.ep)
                 d.ep = prev.ep
         self._all = derived
+        was = self._routable
         self._routable = tuple(d.ep for k, d in sorted(derived.items()) if d.routable)
+        if self.on_leave is not None and was:
+            self._left(was, derived)
         self._by_node_ep = {}
         for key, d in derived.items():
             if not key.startswith("ext/"):

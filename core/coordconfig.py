@@ -20,6 +20,18 @@ class BreakerConfig(Strict):
     backoff_max: float = Field(300.0, gt=0)
 
 
+class HedgeConfig(Strict):
+    """A request with no first byte after `factor` × its endpoint's recent time to first byte
+    (at least `min_delay`, at most the first-token timeout) is sent on another path as well:
+    the first to answer wins, the other is aborted. At most `max_fraction` of the requests in
+    flight are hedges at once (at least one), so a slow fleet is not doubled in load."""
+
+    enabled: bool = True
+    factor: float = Field(4.0, ge=1.0)
+    min_delay: float = Field(1.0, gt=0)
+    max_fraction: float = Field(0.1, gt=0, le=1.0)
+
+
 class PolicyConfig(Strict):
     union: str = "least_load"
     prefill: str = "prefix_affinity"
@@ -75,6 +87,7 @@ class CoordinatorConfig(Strict):
     policy: PolicyConfig = PolicyConfig()
     rate_limit: RateLimitConfig = RateLimitConfig()
     breaker: BreakerConfig = BreakerConfig()
+    hedge: HedgeConfig = HedgeConfig()
     precision_detector: PrecisionDetectorConfig = PrecisionDetectorConfig()
     # Seconds between scrapes of every engine's /metrics, re-exposed relabelled on /metrics
     # (seed 002's coordinator metrics collector; MindIE `prometheus_metrics_config.reuse_time`).

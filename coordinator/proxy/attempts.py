@@ -5,8 +5,9 @@ One loop serves every use of trying again: a failure before the first byte (`Ret
 the endpoint and tries the next candidate; a stream (or folded whole answer) whose engine
 broke (`Broken`) excludes it and goes on with the continuation `resume.py` says, on any
 candidate of the model, with a fresh retry budget. The `Filter` is what changes between
-attempts. A hedge would be one more use: a second attempt run beside the first with a filter
-that excludes the first's endpoints, the first to commit answering.
+attempts. A hedge is one more use (`hedge.py`): a second attempt run beside a first one whose
+first byte is late, on a candidate that shares none of its endpoints, the first to answer
+carrying the request on.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from coordinator.plan import why_not
 from coordinator.policies import RequestInfo
 from coordinator.proxy.continuation import Progress
 from coordinator.proxy.deliver import Delivery
+from coordinator.proxy.hedge import Hedger
 from coordinator.proxy.legs import Attempt, Legs
 from coordinator.proxy.outcome import Broken, Retry
 from coordinator.proxy.resume import on_broken
@@ -36,11 +38,12 @@ class Filter:
     """The endpoints a request's next attempt may not use: those that failed it, each tied to
     the engine process that failed it (a new process behind the endpoint is a candidate again)."""
 
-    __slots__ = ("excluded", "failed_as")
+    __slots__ = ("excluded", "failed_as", "made")
 
     def __init__(self) -> None:
         self.excluded: set[str] = set()
         self.failed_as: dict[str, Incarnation | None] = {}
+        self.made = 0  # attempts made so far, hedges included: the next one's number is one more
 
     def exclude(self, key: str) -> None:
         """`key` failed this request: no candidate for it from now on."""
@@ -79,6 +82,7 @@ class Attempts:
         retries: int,
         metrics: CoordinatorMetrics | None = None,
         faults: FaultLog | None = None,
+        hedger: Hedger | None = None,
     ) -> None:
         self.table = table
         self.chooser = chooser
@@ -86,6 +90,9 @@ class Attempts:
         self.retries = retries
         self.metrics = metrics
         self.faults = faults
+        self.hedger = hedger
+        if hedger is not None:
+            hedger.start, hedger.run = self._hedge, self._run_hedge
 
     async def run(self, d: Delivery, plan: Plan) -> None:
         """Serve the request on its plan's candidates until one answers or none is left."""
@@ -94,7 +101,6 @@ class Attempts:
         body, raw = ask.body, ask.raw
         progress: Progress | None = None
         resuming: str | None = None  # the endpoint a stream broke on, until it goes on elsewhere
-        number = 0
         while True:
             info = RequestInfo(ask.model, None, ask.root, body)
             last: Retry | None = None
@@ -104,21 +110,24 @@ class Attempts:
                 cand = self.chooser.choose(plan, info, filt.excluded)
                 if cand is None:
                     break
-                number += 1
-                at = Attempt(self.legs, d, body, raw, number, prefill=cand.prefill, resuming=resuming)
+                filt.made += 1
+                at = Attempt(self.legs, d, body, raw, filt.made, prefill=cand.prefill, resuming=resuming)
                 try:
-                    with cand.ep.busy:
-                        await self.attempt(at, cand)
+                    if self.hedger is None:
+                        with cand.ep.busy:
+                            await self.attempt(at, cand)
+                    else:
+                        await self.hedged(at, cand, plan, info, filt)
                     return
                 except Retry as r:
                     if r.ep is not None:
                         filt.exclude(r.ep.key)
-                    last, resuming = r, at.resuming
+                    last, resuming = r, carrier(at).resuming
                     self.retried(r)
                 except Broken as b:
                     broken = b
                     filt.exclude(b.ep.key)
-                    nxt = on_broken(at, b, progress)
+                    nxt = on_broken(carrier(at), b, progress)
                     if nxt is None:
                         return
                     body, raw, progress, resuming = nxt.body, nxt.raw, nxt.progress, b.ep.key
@@ -129,8 +138,69 @@ class Attempts:
                 if broken is not None:
                     break  # a continuation goes on with a fresh retry budget
             if broken is None:
-                self.fail(d, filt, last, resuming, attempts=number)
+                self.fail(d, filt, last, resuming, attempts=filt.made)
                 return
+
+    async def hedged(self, at: Attempt, cand: Candidate, plan: Plan, info: RequestInfo, filt: Filter) -> None:
+        """`at` on `cand`, hedged on another candidate if its first byte is late (`hedge.py`):
+        returns or raises as the attempt that carried the request did."""
+        h = self.hedger
+        assert h is not None
+        at.ctx = (plan, info, filt, cand)
+        h.watch(at, cand.ep)
+        try:
+            with cand.ep.busy:
+                await self.attempt(at, cand)
+            return
+        except Retry as r:
+            race = at.race
+            if race is None or race.task is None or race.winner is at:
+                raise
+            failed, task = r, race.task  # it failed, or lost to its hedge: the hedge carries on
+        except BaseException:
+            race = at.race
+            if race is not None and race.task is not None:
+                race.task.cancel()  # the client went away, or `at` answered and broke
+            raise
+        finally:
+            h.ended(at)
+            if at.race is not None and at.race.task is not None:
+                self.legs.keep(at.race.task)  # a hedge that failed unawaited is only logged
+        if failed.ep is not None:
+            filt.exclude(failed.ep.key)
+        if failed.cause is None or not failed.cause.lost:
+            self.retried(failed)
+        await task
+
+    def _hedge(self, at: Attempt) -> tuple[Attempt, Candidate] | None:
+        """The hedge of `at`: an attempt on a candidate that shares none of its endpoints."""
+        plan, info, filt, cand = at.ctx
+        skip = set(filt.excluded)
+        skip.add(cand.ep.key)
+        if cand.prefill is not None:
+            skip.add(cand.prefill.key)
+        other = self.chooser.choose(self.table.plan(at.ask.model, at.ask.route.serves), info, skip)
+        if other is None:
+            return None
+        filt.made += 1
+        hedge = Attempt(
+            self.legs, at.d, at.body, at.raw, filt.made, prefill=other.prefill, resuming=at.resuming
+        )
+        hedge.ctx = (plan, info, filt, other)
+        return hedge, other
+
+    async def _run_hedge(self, hedge: Attempt, cand: Candidate) -> None:
+        """A hedge, beside the attempt it races (in a task of its own)."""
+        assert self.hedger is not None
+        try:
+            with cand.ep.busy:
+                await self.attempt(hedge, cand)
+        except Retry as r:
+            if r.ep is not None:
+                hedge.ctx[2].exclude(r.ep.key)  # the request's filter: no later attempt goes there
+            raise
+        finally:
+            self.hedger.ended(hedge)
 
     def attempt(self, at: Attempt, cand: Candidate) -> Coroutine[Any, Any, None]:
         """One attempt on one candidate: a single hop, or the pair's adapter (the coroutine is
@@ -212,3 +282,11 @@ class Attempts:
             self.metrics.retries.labels(reason="timeout" if r.status == 504 else "upstream").inc()
         if self.faults is not None and r.ep is not None:
             self.faults.retried(r.ep.key, r.kind)
+
+
+def carrier(at: Attempt) -> Attempt:
+    """The attempt that carried the request: `at`, or its hedge when the hedge answered first."""
+    race = at.race
+    if race is not None and race.winner is not None:
+        return race.winner  # type: ignore[return-value]  # a race is between two `Attempt`s
+    return at

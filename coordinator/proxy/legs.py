@@ -20,9 +20,13 @@ from coordinator.faultlog import FaultLog
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.proxy.ask import Ask
 from coordinator.proxy.deliver import Delivery, deliver, read_whole
+from coordinator.proxy.hedge import Hedger, Race
 from coordinator.proxy.outcome import Retry
 from coordinator.proxy.pool import Upstreams
 from coordinator.proxy.upstream import UpstreamError
+
+# What a leg that lost its request's hedge race failed with (shared: it carries no detail).
+LOST = UpstreamError("a hedge of this request answered first", lost=True)
 
 
 class Legs:
@@ -50,7 +54,9 @@ class Legs:
                 status, data = await self.ups.fetch(p, at.ask.route.path, body, at.rid)
         except UpstreamError as exc:
             self.upstream_failed(p, exc)
-            raise Retry(f"prefill {p.key}: {exc}", 504 if exc.timeout else 502, ep=p) from None
+            if exc.left or exc.lost:
+                at.abort(p)
+            raise Retry(f"prefill {p.key}: {exc}", 504 if exc.timeout else 502, ep=p, cause=exc) from None
         except asyncio.CancelledError:
             self.breakers.release_probe(p.key)
             raise
@@ -69,7 +75,9 @@ class Legs:
             up = await self.ups.open(ep, at.ask.route.path, body, at.rid)
         except UpstreamError as exc:
             self.upstream_failed(ep, exc)
-            raise Retry(f"{ep.key}: {exc}", 504 if exc.timeout else 502, ep=ep) from None
+            if exc.left or exc.lost:
+                at.abort(ep)
+            raise Retry(f"{ep.key}: {exc}", 504 if exc.timeout else 502, ep=ep, cause=exc) from None
         except asyncio.CancelledError:
             br.release_probe(ep.key)
             raise
@@ -79,6 +87,9 @@ class Legs:
                 self.upstream_failed(ep, None)
                 raise Retry(f"{ep.key} answered HTTP {up.status}", up.status, data, ep=ep)
             br.success(ep.key)
+            if not at.claim(ep):
+                up.close()  # a hedge of this request answered first: this answer goes nowhere
+                raise Retry(f"{ep.key}: a hedge of this request answered first", ep=ep, cause=LOST)
             if at.resuming is not None:
                 if self.faults is not None:
                     self.faults.continued(at.resuming, ep.key)
@@ -109,9 +120,13 @@ class Legs:
             task.exception()
 
     def upstream_failed(self, ep: Endpoint, exc: UpstreamError | None) -> None:
-        """Charge `ep`'s circuit and count the failure by kind."""
+        """Charge `ep`'s circuit and count the failure by kind (an exchange the coordinator
+        ended itself, `left` or `lost`, is counted but charges nothing)."""
         kind = "http_5xx" if exc is None else exc.kind
-        self.breakers.failure(ep.key, f"{kind}: {exc}" if exc is not None else kind)
+        if exc is not None and (exc.left or exc.lost):
+            self.breakers.release_probe(ep.key)
+        else:
+            self.breakers.failure(ep.key, f"{kind}: {exc}" if exc is not None else kind)
         if self.metrics is not None:
             self.metrics.upstream_errors.labels(endpoint=ep.key, kind=kind).inc()
 
@@ -120,7 +135,9 @@ class Attempt:
     """One try of a request on one candidate: what it sends, its engine request id and number,
     and its legs. Adapters see a request only through it (`adapters.base.PairAttempt`)."""
 
-    __slots__ = ("ask", "body", "d", "legs", "number", "prefill", "raw", "resuming", "rid")
+    __slots__ = (
+        "ask", "body", "ctx", "d", "hedger", "legs", "number", "prefill", "race", "raw", "resuming", "rid", "t0",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -142,6 +159,18 @@ class Attempt:
         self.rid = d.ask.request_id(number)
         self.prefill = prefill  # the candidate's prefill (P/D), whose peer the client's answer had
         self.resuming = resuming  # the endpoint a stream broke on, until this attempt carries it on
+        # Hedging (`hedge.py`): the hedger watching it, its race with a hedge, when it began,
+        # and what the attempt loop needs to make a hedge of it.
+        self.hedger: Hedger | None = None
+        self.race: Race | None = None
+        self.t0 = 0.0
+        self.ctx: Any = None
+
+    def claim(self, ep: Endpoint) -> bool:
+        """This attempt's answer (from `ep`) came: whether it is the client's (it is, unless
+        a hedge of the request answered first)."""
+        h = self.hedger
+        return True if h is None else h.claim(self, ep)
 
     @property
     def root(self) -> str:

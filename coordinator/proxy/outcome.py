@@ -31,7 +31,10 @@ class Retry(Exception):
 
     @property
     def kind(self) -> str:
-        """http_5xx | timeout | transport, for metrics and the fault log."""
+        """http_5xx | timeout | transport | left | slow, for metrics and the fault log."""
+        cause = self.cause
+        if cause is not None and (cause.left or cause.lost):
+            return cause.kind
         if self.body is not None:
             return "http_5xx"
         return "timeout" if self.status == 504 else "transport"

@@ -14,6 +14,7 @@ from typing import Any
 import orjson
 
 from coordinator.endpoint import Endpoint
+from coordinator.proxy.exchanges import Exchanges
 from coordinator.proxy.upstream import UpstreamConn, UpstreamError
 
 log = logging.getLogger(__name__)
@@ -40,6 +41,11 @@ class UpstreamPool:
         self.inter_token_timeout: float | None = None
         self.streaming: dict[UpstreamConn, list[float]] = {}
         self._stall_sweeper: asyncio.TimerHandle | None = None
+        self.exchanges = Exchanges()  # every exchange under way, by endpoint and request id
+
+    def ended(self, conn: UpstreamConn) -> None:
+        """`conn`'s exchange is over."""
+        self.exchanges.ended(conn)
 
     def watch_stall(self, conn: UpstreamConn) -> None:
         """Fail `conn`'s stream if it goes silent for the inter-token timeout (if one is set)."""
@@ -161,17 +167,20 @@ class Upstreams:
         is retried once on a fresh connection (the request cannot have been seen).
         """
         data = request_head(ep, path, len(body), request_id) + body
-        conn = self.pool.take(ep.host, ep.port) or await self.pool.connect(ep.host, ep.port)
+        pool = self.pool
+        conn = pool.take(ep.host, ep.port) or await pool.connect(ep.host, ep.port)
+        pool.exchanges.started(conn, ep.key, request_id)
         try:
             await conn.send(data, self.first_token_timeout)
             return conn
         except UpstreamError as exc:
-            if not (conn.reused and not exc.got_bytes and not exc.timeout):
+            if not (conn.reused and not exc.got_bytes and not exc.timeout) or exc.left or exc.lost:
                 raise
         except BaseException:
             conn.close()
             raise
-        conn = await self.pool.connect(ep.host, ep.port)
+        conn = await pool.connect(ep.host, ep.port)
+        pool.exchanges.started(conn, ep.key, request_id)
         try:
             await conn.send(data, self.first_token_timeout)
         except BaseException:
@@ -190,6 +199,10 @@ class Upstreams:
         status = conn.status
         conn.release()
         return status, data
+
+    def leave(self, key: str, why: str) -> int:
+        """Endpoint `key` left routing: every exchange on it ends now (`Exchanges.leave`)."""
+        return self.pool.exchanges.leave(key, why)
 
     def abort(self, ep: Endpoint, request_id: str) -> None:
         """Best effort `POST /abort_request` in the background (SGLang's native abort)."""

@@ -45,7 +45,7 @@ def on_broken(at: Attempt, b: Broken, prev: Progress | None) -> Next | None:
     legs = at.legs
     legs.upstream_failed(ep, exc)
     up.close()  # the engine sees the disconnect: that is vLLM's and the builtin's abort
-    if exc.stalled:
+    if exc.stalled or exc.left or exc.lost:
         at.abort(ep)  # SGLang's own abort, best effort, under this attempt's own request id
     faults = legs.faults
     if faults is not None:

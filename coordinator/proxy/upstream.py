@@ -24,19 +24,28 @@ KEEP_BODY = 64 << 10  # bytes of a committed event stream's body kept as they ca
 
 class UpstreamError(Exception):
     """An exchange with an engine failed; `got_bytes` tells whether any response byte arrived,
-    `timeout` that the engine went silent (before its first byte, or mid-stream: `stalled`)."""
+    `timeout` that the engine went silent (before its first byte, or mid-stream: `stalled`).
+
+    Two endings are the coordinator's own, not the engine's: `left`, the endpoint left routing
+    while the exchange waited on it (`Exchanges.leave`), and `lost`, a hedge of the same
+    request answered first (`Exchanges.lose`). Neither is charged to the circuit."""
 
     def __init__(
-        self, message: str, *, got_bytes: bool = False, timeout: bool = False, stalled: bool = False
-    ) -> None:
+        self, message: str, *, got_bytes: bool = False, timeout: bool = False, stalled: bool = False,
+        left: bool = False, lost: bool = False,
+    ) -> None:  # fmt: skip
         super().__init__(message)
         self.got_bytes = got_bytes
         self.timeout = timeout or stalled
         self.stalled = stalled
+        self.left = left
+        self.lost = lost
 
     @property
     def kind(self) -> str:
-        """For metrics and the log: stall | timeout | transport."""
+        """For metrics and the log: stall | timeout | transport | left | slow (lost a hedge)."""
+        if self.left or self.lost:
+            return "left" if self.left else "slow"
         return "stall" if self.stalled else ("timeout" if self.timeout else "transport")
 
 
@@ -66,6 +75,8 @@ class Home(Protocol):
 
     def watch_stall(self, conn: UpstreamConn) -> None: ...
 
+    def ended(self, conn: UpstreamConn) -> None: ...
+
 
 class UpstreamConn(asyncio.Protocol):
     """One keep-alive HTTP/1.1 connection to an engine, one exchange at a time."""
@@ -78,6 +89,10 @@ class UpstreamConn(asyncio.Protocol):
         self.parser = httptools.HttpResponseParser(self)
         self.closed = False
         self.reused = False
+        # The exchange under way, while the pool's `Exchanges` knows it: its endpoint's key
+        # and its engine request id (set by `Upstreams.open`, cleared by `pool.ended`).
+        self.ep_key: str | None = None
+        self.rid = ""
         self._reset()
 
     def _reset(self) -> None:
@@ -288,6 +303,8 @@ class UpstreamConn(asyncio.Protocol):
 
     def release(self) -> None:
         """Return the connection to the pool if reusable, otherwise close it."""
+        if self.ep_key is not None:
+            self.pool.ended(self)
         if self.stall_watched:
             self._unwatch_stall()
         self.forward = None
@@ -301,6 +318,8 @@ class UpstreamConn(asyncio.Protocol):
 
     def close(self) -> None:
         """Close for good (a client abort: the engine sees the disconnect and stops)."""
+        if self.ep_key is not None:
+            self.pool.ended(self)
         self._unwatch()
         if self.stall_watched:
             self._unwatch_stall()
@@ -344,6 +363,15 @@ class UpstreamConn(asyncio.Protocol):
                 f"engine sent nothing for {silent_for:.1f} s mid-stream (inter-token timeout)", stalled=True
             )
 
+    def depart(self, message: str, *, left: bool = False, lost: bool = False) -> None:
+        """End the exchange for a reason of the coordinator's (`left`, `lost`) as if the engine
+        had failed; the cut connection is vLLM's and the builtin engine's abort."""
+        if self.complete or self.waiter is None:
+            return
+        if self.error is None:
+            self.error = UpstreamError(message, got_bytes=self.got_bytes, left=left, lost=lost)
+        self._fail(message)
+
     def on_timeout(self) -> None:
         """The first-byte deadline passed (called by the pool's sweep)."""
         self.watched = False
@@ -354,6 +382,8 @@ class UpstreamConn(asyncio.Protocol):
     def _fail(self, message: str, *, timeout: bool = False, stalled: bool = False) -> None:
         if self.error is None:
             self.error = UpstreamError(message, got_bytes=self.got_bytes, timeout=timeout, stalled=stalled)
+        if self.ep_key is not None:
+            self.pool.ended(self)
         self._unwatch()
         if self.stall_watched:
             self._unwatch_stall()

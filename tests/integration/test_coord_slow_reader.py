@@ -73,7 +73,9 @@ async def test_a_client_that_reads_nothing_is_cut_and_frees_the_engine(
                 await asyncio.sleep(0.05)
             began = time.monotonic()
             while await running(s, eng) > 0:
-                assert time.monotonic() - began < 20, "the engine still serves a client that reads nothing"
+                # The socket buffers fill first (the kernel grows the send buffer to 4 MiB: ~20 s
+                # of this stream): the bound is far below the 600 s request timeout, not tight.
+                assert time.monotonic() - began < 60, "the engine still serves a client that reads nothing"
                 await asyncio.sleep(0.1)
             freed_after = time.monotonic() - began
             assert freed_after >= STALL * 0.5, f"freed after {freed_after:.1f} s: before the client stalled?"
