@@ -57,9 +57,12 @@ def chaos_config(max_age: float | None = None) -> ClusterConfig:
     }
     if "inter_token_timeout" in CoordinatorConfig.model_fields:  # configurable once it exists
         coordinator["inter_token_timeout"] = INTER_TOKEN_TIMEOUT
-    engine = {"engine_config": {"itl_ms": 15}}
+    # Test-speed health checks: a frozen engine is called ABNORMAL within ~2.3 s (two 1 s
+    # probes), what the freeze scenarios' latency bound is made of.
+    health = {"health_check_config": {"interval": 0.3, "timeout": 1.0, "retry_attempts": 2}}
+    engine = {"engine_config": {"itl_ms": 15}, **health}
     # A prefill leg lasts a few ms at the default speed: a kill would almost never meet one.
-    slow_prefill = {"engine_config": {"itl_ms": 15, "ttft_base_ms": 150}}
+    slow_prefill = {"engine_config": {"itl_ms": 15, "ttft_base_ms": 150}, **health}
     nats = {"nats": {"max_age_days": max_age / 86400}} if max_age is not None else {}
     return cluster_config(
         **nats,

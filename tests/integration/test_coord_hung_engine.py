@@ -272,3 +272,50 @@ async def wait_until_routes_both(c: Coordinator, within: float = 10.0) -> None:
                 return
             await asyncio.sleep(0.05)
     raise TimeoutError("the coordinator never routed to both engines")
+
+
+async def running_on(s: aiohttp.ClientSession, e: Engine) -> float:
+    return await metric(s, e.url, "vllm:num_requests_running")
+
+
+@pytest.mark.parametrize("frozen", ["prefill", "decode"])
+async def test_a_pd_leg_that_leaves_routing_aborts_the_other_leg_at_once(
+    tmp_path: Path, nats_server: EmbeddedNats, js: JetStreamContext, frozen: str
+) -> None:
+    """SGLang's bootstrap runs both legs at once: a decode waits for KV a frozen prefill never
+    sends, a prefill computes KV for a frozen decode. When one leg's endpoint leaves routing
+    the other leg's engine request is aborted at once and the request goes on elsewhere."""
+    prefill = await start_engine(tmp_path, "prefill", "--itl-ms", "1", bootstrap=True)
+    decode = await start_engine(tmp_path, "decode", "--itl-ms", "1")
+    union = await start_engine(tmp_path, "union", "--fast")
+    c = await start_coordinator(tmp_path, nats_server.url, first_token_timeout=30, hedge={"enabled": False})
+    try:
+        cluster = Cluster(Publisher(js))
+        ids = {}
+        for name, e in (("prefill", prefill), ("decode", decode)):
+            ids[name] = await cluster.add(e, engine_type="sglang", capabilities=("bootstrap",))
+        await wait_routable(c)
+        uid = await cluster.add(union, engine_type="sglang")
+        await cluster.load(union, uid, running=50)  # the pair is the lighter path: it is chosen
+        await wait_until_routes_both(c)
+        hung, other = (prefill, decode) if frozen == "prefill" else (decode, prefill)
+        freeze(hung)
+        t0 = time.monotonic()
+        task = asyncio.create_task(ask(c, "A question for a frozen pair", stream=True, max_tokens=200))
+        async with aiohttp.ClientSession() as s:
+            await asyncio.sleep(0.5)  # both legs are out: one on the frozen engine
+            await cluster.status(hung, ids[frozen], EndpointStatus.ABNORMAL, EndpointStatus.READY)
+            text, _ = await asyncio.wait_for(task, 10)
+            assert text and time.monotonic() - t0 < 4.0  # not the 30 s first-token timeout
+            # The peer leg's engine request was aborted, not left waiting or computing.
+            deadline = time.monotonic() + 2
+            while await metric(s, other.url, "vllm:request_success_total", 'finished_reason="abort"') < 1:
+                assert time.monotonic() < deadline, f"the frozen {frozen}'s peer kept its request"
+                await asyncio.sleep(0.02)
+            assert await running_on(s, other) == 0
+        assert f"n{hung.port}/0 left routing" in c.log_text()
+    finally:
+        c.stop()
+        for e in (prefill, decode, union):
+            thaw(e)
+            e.stop()
