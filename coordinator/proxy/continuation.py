@@ -78,6 +78,42 @@ class EventSplitter:
         return bytes(self.buf) + (b"\r" if self.cr else b"")
 
 
+# Body fields a continuation cannot honour: the grammar, tool parser or logprobs of the second
+# half would start again at the cut (a folded whole answer asking for one keeps the plain whole
+# path, a stream is ended with an error event instead of continued).
+REFUSED = (
+    "tools",
+    "functions",
+    "tool_choice",
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
+    "structured_outputs",
+    "logprobs",
+    "top_logprobs",
+    "prompt_logprobs",
+    "echo",
+    "suffix",
+    "continue_final_message",
+)
+
+
+def refused_by(body: dict[str, Any]) -> str | None:
+    """The field of `body` a continuation cannot honour, if any (None: it can be continued)."""
+    for key in REFUSED:
+        if body.get(key):
+            return key
+    if body.get("n") not in (None, 1):
+        return "n"
+    if body.get("best_of") not in (None, 1):
+        return "best_of"
+    fmt = body.get("response_format")
+    if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
+        return "response_format"
+    return None
+
+
 @dataclass(slots=True)
 class Progress:
     """What the client got of a stream before it broke."""
@@ -88,6 +124,9 @@ class Progress:
     clean: bool = True  # it ended at an event boundary
     stream_id: str | None = None
     created: int | None = None
+    # What the client got that a continuation prompt cannot carry (it carries content only):
+    # "reasoning" or "tool calls" once a delta held them, else None.
+    beyond_text: str | None = None
 
 
 def progress_of(decoded: bytes) -> Progress:
@@ -101,12 +140,13 @@ class ProgressFold:
     """`progress_of` folded as a body arrives: a long stream keeps the text it delivered, not
     its whole body (the SSE framing of a token is ~20 times its text)."""
 
-    __slots__ = ("events", "p", "parts")
+    __slots__ = ("beyond", "events", "p", "parts")
 
     def __init__(self) -> None:
         self.events = EventSplitter()
         self.p = Progress()
         self.parts: list[str] = []
+        self.beyond: str | None = None
 
     def feed(self, data: bytes) -> None:
         p = self.p
@@ -124,6 +164,8 @@ class ProgressFold:
             if p.stream_id is None and isinstance(obj.get("id"), str):
                 p.stream_id = obj["id"]
                 p.created = obj.get("created") if isinstance(obj.get("created"), int) else None
+            if self.beyond is None:
+                self.beyond = _beyond_text(obj)
             piece = _text_of(obj)
             if piece:
                 self.parts.append(piece)
@@ -140,6 +182,7 @@ class ProgressFold:
             clean=p.clean and not ev.skipping and not ev.dropped and not ev.rest().strip(),
             stream_id=p.stream_id,
             created=p.created,
+            beyond_text=self.beyond,
         )
 
 
@@ -154,6 +197,33 @@ def _text_of(obj: dict[str, Any]) -> str:
         return content if isinstance(content, str) else ""
     text = c.get("text")
     return text if isinstance(text, str) else ""
+
+
+def _beyond_text(obj: dict[str, Any]) -> str | None:
+    """What a chunk delivered besides text that a continuation cannot carry on."""
+    choices = obj.get("choices")
+    if not isinstance(choices, list):
+        return None
+    for c in choices:
+        delta = c.get("delta") if isinstance(c, dict) else None
+        if not isinstance(delta, dict):
+            continue
+        if delta.get("tool_calls") or delta.get("function_call"):
+            return "tool calls"
+        if delta.get("reasoning_content") or delta.get("reasoning"):
+            return "reasoning"
+    return None
+
+
+def not_continuable(body: dict[str, Any], p: Progress) -> str | None:
+    """Why a broken stream of `body` that delivered `p` cannot be continued elsewhere without
+    the client seeing a seam (None: it can)."""
+    field = refused_by(body)
+    if field is not None:
+        return f"a request with {field!r} cannot be continued on another engine (it would start again at the cut)"
+    if p.beyond_text is not None:
+        return f"it had streamed {p.beyond_text}, which a continuation cannot carry on"
+    return None
 
 
 def continuation_body(path: bytes, body: dict[str, Any], p: Progress) -> dict[str, Any] | None:

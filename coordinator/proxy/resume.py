@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 
 from coordinator.endpoint import Endpoint
-from coordinator.proxy.continuation import Progress, continuation_body
+from coordinator.proxy.continuation import Progress, continuation_body, not_continuable
 from coordinator.proxy.deliver import Sink, answer_folded
 from coordinator.proxy.legs import Attempt
 from coordinator.proxy.outcome import Broken
@@ -65,6 +65,17 @@ def on_broken(at: Attempt, b: Broken, prev: Progress | None) -> Next | None:
             if faults is not None:
                 faults.continued(ep.key, None)
             d.end_stream(p.done)
+            return None
+        why = not_continuable(ask.body, p) if ask.route.continuable else None
+        if why is not None:
+            # Tools, logprobs, guided decoding, reasoning or tool calls already streamed: a
+            # continuation would show a seam. The stream ends with an error event saying so.
+            log.warning("stream %s broke on %s (%s): ended with an error, %s", ask.root, ep.key, exc, why)
+            if faults is not None:
+                faults.failed(ep.key)
+            d.end_with_error(
+                f"the engine serving this stream failed after {p.tokens} token(s) ({exc}); {why}"
+            )
             return None
         cont = continuation_body(ask.route.path, ask.body, p) if ask.route.continuable else None
     else:

@@ -16,27 +16,8 @@ from typing import Any
 
 import orjson
 
-from coordinator.proxy.continuation import DONE, MAX_EVENT, EventSplitter, Progress
+from coordinator.proxy.continuation import DONE, MAX_EVENT, EventSplitter, Progress, refused_by
 
-# Body fields a continuation cannot honour: the grammar, tool parser or logprobs of the second
-# half would start again at the cut. Such answers stay on the plain whole path.
-_REFUSED = (
-    "tools",
-    "functions",
-    "tool_choice",
-    "guided_json",
-    "guided_regex",
-    "guided_choice",
-    "guided_grammar",
-    "structured_outputs",
-    "logprobs",
-    "top_logprobs",
-    "prompt_logprobs",
-    "echo",
-    "suffix",
-    "stream_options",  # the client's own (the engine refuses it without stream): its answer
-    "continue_final_message",
-)
 STREAM_OPTIONS = {"include_usage": True, "continuous_usage_stats": True}
 
 
@@ -48,13 +29,7 @@ def streamed_body(chat: bool, body: dict[str, Any], from_tokens: int) -> dict[st
         budget = body.get("max_tokens")
     if isinstance(budget, int) and budget < from_tokens:
         return None  # the hot path: a short answer is regenerated, never folded
-    for key in _REFUSED:
-        if body.get(key):
-            return None
-    if body.get("n") not in (None, 1) or body.get("best_of") not in (None, 1):
-        return None
-    fmt = body.get("response_format")
-    if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
+    if body.get("stream_options") or refused_by(body) is not None:
         return None
     if chat:
         if not isinstance(body.get("messages"), list):
