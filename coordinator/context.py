@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from coordinator.choose import any_path
 from coordinator.metrics import CoordinatorMetrics
@@ -45,6 +45,8 @@ class CoordinatorContext:
     caught_up: asyncio.Event = field(default_factory=asyncio.Event)
     started_at: float = field(default_factory=time.time)
     log: LogPosition | None = None  # the fold of the log feeding `apply` (coordinator.feed)
+    # The proxy's per-request routing records (`proxy.record.Recorder`: `find(id)`), once built.
+    recorder: Any = None
 
     def __post_init__(self) -> None:
         self.metrics.bind_table(self.table, self.caught_up.is_set)

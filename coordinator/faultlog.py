@@ -36,10 +36,11 @@ from core.events import (
     StreamsDisruptedData,
 )
 from core.ids import new_id
+from core.requestlog import RequestRecorded
 
 log = logging.getLogger(__name__)
 
-FaultEvent = CircuitChanged | StreamsDisrupted
+FaultEvent = CircuitChanged | StreamsDisrupted | RequestRecorded  # the last to MOTOR_REQ
 
 WINDOW = 1.0  # seconds of stream outcomes per event and endpoint
 QUEUE = 1024  # events waiting for NATS before new ones are dropped

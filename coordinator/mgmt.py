@@ -151,6 +151,7 @@ def create_mgmt_app(ctx: CoordinatorContext) -> FastAPI:
                     "GET /health": "ready to serve requests",
                     "GET /metrics": "Prometheus metrics",
                     "GET /v1/instances": "what the routing table routes",
+                    "GET /v1/requests/{id}": "why a recent request went where (its routing record)",
                     "POST /instances/refresh": "refresh instances",
                     "POST /v1/instances/refresh": "refresh instances",
                     "POST /precision/alarm_cleared": "clear precision alarm scheduler state",
@@ -184,6 +185,19 @@ def create_mgmt_app(ctx: CoordinatorContext) -> FastAPI:
     async def metrics(ctx: Ctx) -> Response:
         """Prometheus text format."""
         return Response(ctx.metrics.render(), media_type=PROMETHEUS_TEXT)
+
+    @app.get("/v1/requests/{request_id}")
+    async def request_record(request_id: str, ctx: Ctx) -> Response:
+        """A recent request's routing record, by the coordinator's id or the client's x-request-id."""
+        rec = ctx.recorder.find(request_id) if ctx.recorder is not None else None
+        if rec is None:
+            return _error(
+                404,
+                f"no recent request {request_id!r} on this coordinator (it keeps the last "
+                f"{ctx.settings.decisions.ring}; `motor replay --request` reads MOTOR_REQ)",
+                "not_found",
+            )
+        return Response(rec.data.model_dump_json(), media_type="application/json")
 
     @app.get("/v1/instances")
     async def instances(ctx: Ctx) -> Response:

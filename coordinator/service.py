@@ -36,6 +36,7 @@ from coordinator.proxy.mgmtport import mgmt_head, start_mgmt_server, start_mgmt_
 from coordinator.proxy.pipeline import Pipeline
 from coordinator.proxy.pool import UpstreamPool, Upstreams
 from coordinator.proxy.precision import PrecisionHook
+from coordinator.proxy.record import Recorder
 from coordinator.proxy.server import ProxyServer
 from coordinator.ratelimit import RateLimiter
 from coordinator.table import Incarnation
@@ -162,6 +163,11 @@ def build_proxy(
         metrics=metrics,
         continue_whole_from=s.continue_whole_from_tokens,
     )
+    dc = s.decisions
+    recorder = Recorder(
+        name, ring=dc.ring, sample=dc.sample, slow=dc.slow_s, post=outbox.post if outbox is not None else None
+    )
+    ctx.recorder = recorder
     pipeline = Pipeline(
         table,
         admission,
@@ -169,6 +175,7 @@ def build_proxy(
         metrics=metrics,
         on_done=PrecisionHook(ctx) if s.precision_detector.enabled else None,
         request_timeout=s.request_timeout,
+        recorder=recorder,
     )
     app = ProxyApp(
         pipeline,

@@ -32,6 +32,16 @@ class HedgeConfig(Strict):
     max_fraction: float = Field(0.1, gt=0, le=1.0)
 
 
+class DecisionsConfig(Strict):
+    """Per-request routing records (`motor replay --request`): the last `ring` requests are
+    kept in memory; those that failed, were retried, continued, hedged or took `slow_s` or
+    more, and a `sample` fraction of the rest, are appended to MOTOR_REQ."""
+
+    ring: int = Field(4096, ge=1, le=1_000_000)
+    sample: float = Field(0.0, ge=0.0, le=1.0)
+    slow_s: float = Field(10.0, gt=0)
+
+
 class PolicyConfig(Strict):
     union: str = "least_load"
     prefill: str = "prefix_affinity"
@@ -88,6 +98,7 @@ class CoordinatorConfig(Strict):
     rate_limit: RateLimitConfig = RateLimitConfig()
     breaker: BreakerConfig = BreakerConfig()
     hedge: HedgeConfig = HedgeConfig()
+    decisions: DecisionsConfig = DecisionsConfig()
     precision_detector: PrecisionDetectorConfig = PrecisionDetectorConfig()
     # Seconds between scrapes of every engine's /metrics, re-exposed relabelled on /metrics
     # (seed 002's coordinator metrics collector; MindIE `prometheus_metrics_config.reuse_time`).

@@ -33,6 +33,12 @@ def register(sub: Any) -> None:
     out.add_argument(
         "--explain", nargs=2, metavar=("KIND", "ID"), help="e.g. `--explain instance 3`, `--explain node n7`"
     )
+    out.add_argument(
+        "--request",
+        metavar="ID",
+        help="why a request went where: its routing record (MOTOR_REQ; the coordinator's request id "
+        "or the client's x-request-id) beside the cluster state it was routed on",
+    )
     out.add_argument("--timeline", metavar="FILE.html", help="write an offline HTML timeline of the range")
     out.add_argument(
         "--verify", action="store_true", help="re-run decide and report decisions the code would not make"
@@ -140,7 +146,22 @@ def fold_records(records: list[Any], skipped: list[Any]) -> tuple[Any, list[Any]
 def _replay(args: argparse.Namespace) -> int:
     from streams.errors import NatsUnavailable, StreamsError
 
+    found: Any = None
     try:
+        if args.request:
+            if args.from_file:
+                print("motor replay: --request reads MOTOR_REQ from NATS, not an export", file=sys.stderr)
+                return 2
+            found = asyncio.run(find_request(args, args.request))
+            if found is None:
+                print(
+                    f"motor replay: no record of request {args.request!r} in MOTOR_REQ (coordinators record "
+                    "failed, retried, continued, hedged and slow requests, and `coordinator.decisions.sample` "
+                    "of the rest; a recent one is also at GET /v1/requests/ID on its coordinator)",
+                    file=sys.stderr,
+                )
+                return 1
+            args.until_time = args.until_time or str(found.started + found.took_ms / 1000 + 5)
         records, skipped = asyncio.run(load_records(args))
     except NatsUnavailable as exc:
         print(f"motor replay: {unreachable_hint(args.nats_url, exc)} ({exc})", file=sys.stderr)
@@ -154,7 +175,50 @@ def _replay(args: argparse.Namespace) -> int:
     except (OSError, TimeoutError) as exc:
         print(f"motor replay: {unreachable_hint(args.nats_url, exc)} ({exc})", file=sys.stderr)
         return 1
+    if args.request:
+        from deploy.replay_request import render_request
+
+        print(render_request(found, records))
+        return 0
     return run_replay(args, records, skipped)
+
+
+async def find_request(args: argparse.Namespace, request_id: str) -> Any:
+    """The routing record of `request_id` in MOTOR_REQ (by the coordinator's id: one direct
+    read; by a client's x-request-id: a scan of the stream), or None."""
+    from nats.js.api import DeliverPolicy
+    from nats.js.errors import NotFoundError
+
+    from core.errors import SubjectError
+    from core.requestlog import ALL_REQUESTS, REQ_STREAM, RequestRecorded, subject_of
+    from streams.connection import connect
+
+    nc = await asyncio.wait_for(connect(nats_options(args), name="motor-replay"), timeout=5)
+    try:
+        js = nc.jetstream()
+        try:
+            msg = await js.get_last_msg(REQ_STREAM, subject_of(request_id))
+            return RequestRecorded.model_validate_json(msg.data or b"").data
+        except (NotFoundError, SubjectError):
+            pass
+        info = await js.stream_info(REQ_STREAM)
+        if not info.state.messages:
+            return None
+        sub = await js.subscribe(ALL_REQUESTS, ordered_consumer=True, deliver_policy=DeliverPolicy.ALL)
+        found = None
+        try:
+            last = info.state.last_seq
+            while True:
+                m = await sub.next_msg(timeout=5)
+                rec = RequestRecorded.model_validate_json(m.data).data
+                if rec.client_id == request_id:
+                    found = rec  # the latest of that id wins
+                if m.metadata.sequence.stream >= last:
+                    return found
+        finally:
+            await sub.unsubscribe()
+    finally:
+        await nc.close()
 
 
 def run_replay(args: argparse.Namespace, records: list[Any], skipped: list[Any] | None = None) -> int:

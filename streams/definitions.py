@@ -4,6 +4,7 @@
 |-------------------|----------------------------|------------------------------------------------|
 | MOTOR             | motor.evt.>, motor.cmd.>   | the log: one total order of events and commands |
 | MOTOR_HB          | motor.hb.>                 | heartbeats, latest per node survives           |
+| MOTOR_REQ         | motor.req.>                | per-request routing records (7 days, 1 GiB)     |
 | KV_motor_leader   | $KV.motor_leader.>         | the controller lease (TTL)                     |
 | KV_motor_checkpoints | $KV.motor_checkpoints.> | controller state at a stream sequence          |
 """
@@ -23,12 +24,16 @@ from core import subjects
 from core.ageout import DAY as DAY  # re-exported: tests and tools count days with it
 from core.ageout import max_age_seconds
 from core.config import ControllerConfig, NatsConfig
+from core.requestlog import ALL_REQUESTS, REQ_STREAM
 from streams.errors import StreamsError
 
 log = logging.getLogger(__name__)
 
 MOTOR_STREAM = "MOTOR"
 HB_STREAM = "MOTOR_HB"
+# Request records: traffic history, not lifecycle facts, bounded on their own (oldest go first).
+REQ_MAX_AGE = 7 * 86400.0
+REQ_MAX_BYTES = 1 << 30
 LEADER_BUCKET = "motor_leader"
 CHECKPOINT_BUCKET = "motor_checkpoints"
 
@@ -105,6 +110,19 @@ def stream_configs(cfg: NatsConfig | None = None, *, lease_ttl: float = LEASE_TT
             max_age=HB_MAX_AGE,
             max_msgs_per_subject=1,
             duplicate_window=10.0,
+            num_replicas=replicas,
+            allow_direct=True,
+        ),
+        StreamConfig(
+            name=REQ_STREAM,
+            description="Motor coordinators' per-request routing records (motor replay --request)",
+            subjects=[ALL_REQUESTS],
+            retention=RetentionPolicy.LIMITS,
+            storage=StorageType.FILE,
+            discard=DiscardPolicy.OLD,
+            max_age=REQ_MAX_AGE,
+            max_bytes=REQ_MAX_BYTES,
+            duplicate_window=60.0,
             num_replicas=replicas,
             allow_direct=True,
         ),

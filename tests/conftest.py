@@ -19,6 +19,7 @@ from nats.js import JetStreamContext
 from nats.js.api import StreamConfig
 from nats.js.errors import NotFoundError
 
+from core.requestlog import REQ_STREAM
 from streams.connection import connect
 from streams.definitions import (
     CHECKPOINT_BUCKET,
@@ -31,7 +32,7 @@ from streams.definitions import (
 from streams.server import EmbeddedNats
 
 ANCHOR_STREAM = "PYTEST_ANCHOR"
-ALL_STREAMS = (MOTOR_STREAM, HB_STREAM, kv_stream(LEADER_BUCKET), kv_stream(CHECKPOINT_BUCKET))
+ALL_STREAMS = (MOTOR_STREAM, HB_STREAM, REQ_STREAM, kv_stream(LEADER_BUCKET), kv_stream(CHECKPOINT_BUCKET))
 
 
 @pytest_asyncio.fixture(scope="session", loop_scope="session")

@@ -12,13 +12,14 @@ carrying the request on.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Coroutine
 from typing import Any
 
 from coordinator.adapters import adapter_for
 from coordinator.choose import Chooser
-from coordinator.endpoint import Candidate, Incarnation, Plan
+from coordinator.endpoint import Candidate, Endpoint, Incarnation, Plan
 from coordinator.faultlog import FaultLog
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.plan import why_not
@@ -28,6 +29,7 @@ from coordinator.proxy.deliver import Delivery
 from coordinator.proxy.hedge import Hedger
 from coordinator.proxy.legs import Attempt, Legs
 from coordinator.proxy.outcome import Broken, Retry
+from coordinator.proxy.record import Recorder
 from coordinator.proxy.resume import on_broken
 from coordinator.table import RoutingTable
 
@@ -112,6 +114,8 @@ class Attempts:
                     break
                 filt.made += 1
                 at = Attempt(self.legs, d, body, raw, filt.made, prefill=cand.prefill, resuming=resuming)
+                if d.trace is not None:
+                    Recorder.attempt(d.trace, at.number, at.rid, cand, self._among(ask.model), filt.excluded)
                 try:
                     if self.hedger is None:
                         with cand.ep.busy:
@@ -124,9 +128,13 @@ class Attempts:
                         filt.exclude(r.ep.key)
                     last, resuming = r, carrier(at).resuming
                     self.retried(r)
+                    if d.trace is not None:
+                        Recorder.outcome(d.trace, r.ep.key if r.ep else None, f"retry:{r.kind}", r.reason)
                 except Broken as b:
                     broken = b
                     filt.exclude(b.ep.key)
+                    if d.trace is not None:
+                        Recorder.outcome(d.trace, b.ep.key, f"broken:{b.exc.kind}", str(b.exc))
                     nxt = on_broken(carrier(at), b, progress)
                     if nxt is None:
                         return
@@ -168,8 +176,12 @@ class Attempts:
                 self.legs.keep(at.race.task)  # a hedge that failed unawaited is only logged
         if failed.ep is not None:
             filt.exclude(failed.ep.key)
-        if failed.cause is None or not failed.cause.lost:
+        lost = failed.cause is not None and failed.cause.lost
+        if not lost:
             self.retried(failed)
+        if at.d.trace is not None:
+            what = "lost" if lost else f"retry:{failed.kind}"
+            Recorder.outcome(at.d.trace, failed.ep.key if failed.ep else None, what, failed.reason)
         await task
 
     def _hedge(self, at: Attempt) -> tuple[Attempt, Candidate] | None:
@@ -187,7 +199,14 @@ class Attempts:
             self.legs, at.d, at.body, at.raw, filt.made, prefill=other.prefill, resuming=at.resuming
         )
         hedge.ctx = (plan, info, filt, other)
+        if at.d.trace is not None:
+            among = self._among(at.ask.model)
+            Recorder.attempt(at.d.trace, hedge.number, hedge.rid, other, among, skip, hedge=True)
         return hedge, other
+
+    def _among(self, model: str | None) -> list[Endpoint]:
+        """The routable endpoints an attempt for `model` is chosen among (for its record)."""
+        return [e for e in self.table.routable() if model is None or e.model == model]
 
     async def _run_hedge(self, hedge: Attempt, cand: Candidate) -> None:
         """A hedge, beside the attempt it races (in a task of its own)."""
@@ -198,6 +217,16 @@ class Attempts:
         except Retry as r:
             if r.ep is not None:
                 hedge.ctx[2].exclude(r.ep.key)  # the request's filter: no later attempt goes there
+            if hedge.d.trace is not None:
+                what = "lost" if r.cause is not None and r.cause.lost else f"retry:{r.kind}"
+                Recorder.outcome(hedge.d.trace, r.ep.key if r.ep else None, what, r.reason)
+            raise
+        except asyncio.CancelledError:
+            if hedge.d.trace is not None:
+                race = hedge.race
+                won = race is not None and race.winner is not None and race.winner is not hedge
+                what, why = ("lost", "the attempt it raced answered first") if won else ("cancelled", "")
+                Recorder.outcome(hedge.d.trace, cand.ep.key, what, why)
             raise
         finally:
             self.hedger.ended(hedge)

@@ -2,8 +2,7 @@
 state of a request (what the client has been sent).
 
 `Delivery` is the only state of a request that changes while it is served; its fields are
-written here and by the attempt loop (`attempts.py`: the sink and fold a continuation goes on
-with), nowhere else. `deliver()` hands an opened engine response to the request's sink, or
+written here and by the attempt loop (the sink and fold a continuation goes on with, the trace). `deliver()` hands an opened engine response to the request's sink, or
 folds a whole answer asked as a stream (`wholefold.py`) and answers it in one body.
 
 Sinks, one per client protocol: `OpenAI` passes the engine's bytes through untouched (its
@@ -45,7 +44,9 @@ from http1 import wire
 class Delivery:
     """What one request's client has been sent, and by which endpoints."""
 
-    __slots__ = ("ask", "committed", "fold", "prefill_by", "resp_body", "served_by", "sink", "status", "ttft")
+    __slots__ = (
+        "ask", "committed", "ending", "fold", "prefill_by", "resp_body", "served_by", "sink", "status", "trace", "ttft",
+    )  # fmt: skip
 
     def __init__(self, ask: Ask, sink: Sink, fold: WholeFold | None = None) -> None:
         self.ask = ask
@@ -58,6 +59,8 @@ class Delivery:
         self.prefill_by: Endpoint | None = None  # its prefill peer in P/D
         # That response's decoded body (the detector's), or what a long event stream folded of it
         self.resp_body: list[bytes] | ProgressFold | None = None
+        self.ending = ""  # how an answer under way ended without its engine's last byte
+        self.trace: Any = None  # its routing record as it happens (`record.Trace`)
 
     def send(self, status: int, body: bytes) -> None:
         """Answer with a whole response (committed from here on)."""
@@ -76,6 +79,7 @@ class Delivery:
 
     def end_with_error(self, message: str) -> None:
         """End a stream already under way with an error event."""
+        self.ending = f"ended with an error event: {message}"
         self.ask.conn.write(wire.chunk(self.sink.stream_error(message)) + wire.LAST_CHUNK)
 
     def end_stream(self, done: bool) -> None:
@@ -84,6 +88,7 @@ class Delivery:
 
     def cut(self) -> None:
         """Close the client's connection mid-answer: nothing else is honest."""
+        self.ending = "cut mid-answer"
         self.ask.conn.close()
 
     def timed_out(self, message: str) -> None:
@@ -92,7 +97,7 @@ class Delivery:
             self.cut()
         else:
             self.send_error(504, message, "request_timeout")
-        self.status = 504
+        self.status, self.ending = 504, f"timed out: {message}"
 
 
 def deliver(

@@ -4,8 +4,8 @@ this route: `RoutingTable.plan`) → the attempt loop (`attempts.py`) → `deliv
 client protocol: `deliver.py`), then the request is observed once (metrics, the precision
 hook). The request timeout ends it here too.
 
-A per-request decision record would be made here: the pipeline is the one place that sees
-the admitted request, its plan, every attempt (the loop's filter) and how it ended.
+Each request's routing record (`record.py`) begins and ends here: the pipeline is the one
+place that sees the admitted request, its plan, every attempt and how it ended.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from coordinator.metrics import CoordinatorMetrics
 from coordinator.proxy.admit import Admission, Refused
 from coordinator.proxy.attempts import Attempts
 from coordinator.proxy.deliver import OPENAI, Anthropic, Delivery
+from coordinator.proxy.record import Recorder
 from coordinator.proxy.routes import ClientRoute
 from coordinator.proxy.wholefold import WholeFold
 from coordinator.table import RoutingTable
@@ -44,6 +45,7 @@ class Pipeline:
         metrics: CoordinatorMetrics | None = None,
         on_done: Callable[[Delivery], None] | None = None,
         request_timeout: float | None = None,
+        recorder: Recorder | None = None,
     ) -> None:
         self.table = table
         self.admission = admission
@@ -51,6 +53,7 @@ class Pipeline:
         self.metrics = metrics
         self.on_done = on_done  # called with each finished request (the precision detector)
         self.deadlines = Deadlines(request_timeout) if request_timeout is not None else None
+        self.recorder = recorder
 
     async def serve(self, conn: ClientConn, req: Request, route: ClientRoute) -> None:
         """Admit, plan, attempt and deliver one request."""
@@ -81,6 +84,11 @@ class Pipeline:
             return
         sink = Anthropic(ask.model or "") if route.anthropic else OPENAI  # the client protocol's
         d = Delivery(ask, sink, WholeFold(bool(route.chat)) if ask.fold else None)
+        rec = self.recorder
+        if rec is not None:
+            d.trace = rec.begin(
+                ask.root, ask.client_id, route.name, ask.model, ask.stream, self.table.last_seq, ask.t0
+            )
         deadlines = self.deadlines
         task = conn.task if deadlines is not None else None
         if deadlines is not None and task is not None:
@@ -91,6 +99,8 @@ class Pipeline:
             if deadlines is None or task is None or not deadlines.expired(task):
                 if self.metrics is not None:
                     self.metrics.aborts.labels(route=route.name).inc()
+                if rec is not None:
+                    rec.end(d.trace, 0, d.ttft, d.ending or "the client went away")
                 raise  # the client went away
             # Our own request timeout: engine connections were closed on the way out (never
             # reused after a cut); answer if nothing was sent yet.
@@ -103,6 +113,10 @@ class Pipeline:
         finally:
             if deadlines is not None and task is not None:
                 deadlines.due.pop(task, None)  # ended in time (or not: then swept already)
+        if rec is not None:
+            rec.end(
+                d.trace, d.status, d.ttft, d.ending or ("answered" if d.status < 500 else "answered an error")
+            )
         if self.metrics is not None:
             self.metrics.stats.observe(route.name, d.status, time.perf_counter() - ask.t0, d.ttft)
         if self.on_done is not None:
