@@ -12,6 +12,7 @@ import sys
 import time
 from datetime import datetime
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from deploy.common import add_nats_args, load_config_file, nats_options, unreachable_hint
@@ -163,6 +164,11 @@ def _replay(args: argparse.Namespace) -> int:
                 return 1
             args.until_time = args.until_time or str(found.started + found.took_ms / 1000 + 5)
         records, skipped = asyncio.run(load_records(args))
+        if args.timeline and not args.from_file and records:
+            # The coordinators' request records of the same span, as marks of their own.
+            args.request_marks = asyncio.run(
+                load_request_records(args, records[0].event.ts, records[-1].event.ts)
+            )
     except NatsUnavailable as exc:
         print(f"motor replay: {unreachable_hint(args.nats_url, exc)} ({exc})", file=sys.stderr)
         return 1
@@ -181,6 +187,52 @@ def _replay(args: argparse.Namespace) -> int:
         print(render_request(found, records))
         return 0
     return run_replay(args, records, skipped)
+
+
+MAX_MARKS = 10_000  # request records a timeline marks (the newest of the span are kept)
+
+
+async def load_request_records(args: argparse.Namespace, since: float, until: float) -> list[Any]:
+    """MOTOR_REQ's records from `since` to `until`, as records a timeline draws (seq 0: they
+    are no position of MOTOR)."""
+    from datetime import UTC
+
+    from nats.js.api import ConsumerConfig, DeliverPolicy
+
+    from core.requestlog import ALL_REQUESTS, REQ_STREAM, RequestRecorded
+    from streams.connection import connect
+
+    nc = await asyncio.wait_for(connect(nats_options(args), name="motor-replay"), timeout=5)
+    out: list[Any] = []
+    try:
+        js = nc.jetstream()
+        try:
+            info = await js.stream_info(REQ_STREAM)
+        except Exception:  # an older cluster without MOTOR_REQ: nothing to mark
+            return []
+        if not info.state.messages:
+            return []
+        start = ConsumerConfig(
+            deliver_policy=DeliverPolicy.BY_START_TIME, opt_start_time=datetime.fromtimestamp(since, tz=UTC)
+        )
+        sub = await js.subscribe(ALL_REQUESTS, ordered_consumer=True, config=start)
+        try:
+            while True:
+                try:
+                    m = await sub.next_msg(timeout=2)
+                except TimeoutError:
+                    break
+                ev = RequestRecorded.model_validate_json(m.data)
+                if ev.ts > until:
+                    break
+                out.append(SimpleNamespace(stream=REQ_STREAM, seq=0, subject=m.subject, event=ev))
+                if m.metadata.sequence.stream >= info.state.last_seq:
+                    break
+        finally:
+            await sub.unsubscribe()
+    finally:
+        await nc.close()
+    return out[-MAX_MARKS:]
 
 
 async def find_request(args: argparse.Namespace, request_id: str) -> Any:
@@ -253,7 +305,10 @@ def run_replay(args: argparse.Namespace, records: list[Any], skipped: list[Any] 
         from replay.timeline import render_html
 
         out = Path(args.timeline)
-        out.write_text(render_html(records, title=f"Motor timeline ({span})"))
+        marks = getattr(args, "request_marks", [])
+        out.write_text(render_html([*records, *marks], title=f"Motor timeline ({span})"))
+        if marks:
+            console.print(f"{len(marks)} request record(s) from MOTOR_REQ marked")
         console.print(f"timeline written to {out} — open it in a browser (works offline)")
     if args.verify:
         code = max(code, _verify(args, records, console))

@@ -38,6 +38,7 @@ from core.events import (
     StreamsDisrupted,
     StreamsDisruptedData,
 )
+from core.requestlog import RequestRecorded
 
 
 class LoggedEvent(Protocol):
@@ -76,6 +77,13 @@ def fmt_time(ts: float) -> str:
 
 def summarize(ev: EventBase) -> str:
     """A one-line, human summary of an event."""
+    if isinstance(ev, RequestRecorded):
+        r = ev.data
+        path = " → ".join(f"{a.endpoint} {a.outcome}" for a in r.attempts)
+        return (
+            f"request {r.request_id} ({', '.join(r.why)}): HTTP {r.status} after {r.took_ms:.0f} ms; {path}; "
+            f"motor replay --request {r.request_id}"
+        )
     match ev:
         case NodeRegistered(data=d):
             extra = " (restored)" if d.restored else ""

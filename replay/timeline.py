@@ -33,6 +33,7 @@ from core.events import (
     StreamsDisrupted,
     StreamsDisruptedData,
 )
+from core.requestlog import RequestRecorded
 from replay.explain import LoggedEvent, fmt_time, summarize
 
 COLORS = {
@@ -57,6 +58,7 @@ MARK_COLORS = {
     "command": "#3182bd",
     "leader": "#000000",
     "streams": "#e6550d",
+    "request": "#8c6d31",
 }
 
 LABEL_W = 200
@@ -69,7 +71,7 @@ TOP = 40
 class Lane:
     key: str
     label: str
-    kind: str  # instance | endpoint | circuit | streams | fault | alarm | command | leader
+    kind: str  # instance | endpoint | circuit | streams | fault | alarm | command | leader | request
     changes: list[tuple[float, str, str]] = field(default_factory=list)  # (ts, state, detail)
     marks: list[tuple[float, str]] = field(default_factory=list)  # (ts, title)
 
@@ -126,6 +128,9 @@ def build_lanes(records: Sequence[LoggedEvent]) -> tuple[list[Lane], float, floa
                 lane(
                     f"{_endpoint_lane(d)}-streams", f"streams {d.endpoint} ({d.coordinator})", "streams"
                 ).marks.append((ev.ts, title))
+            case RequestRecorded(data=d):
+                # MOTOR_REQ's records (`motor replay --request ID` for the whole of one).
+                lane("marks-request", "requests (routing records)", "request").marks.append((ev.ts, title))
     if t0 == float("inf"):
         t0 = t1 = 0.0
     # Endpoint, circuit and stream lanes share a rank so an endpoint's lanes sort together.
@@ -138,6 +143,7 @@ def build_lanes(records: Sequence[LoggedEvent]) -> tuple[list[Lane], float, floa
         "alarm": 3,
         "command": 4,
         "leader": 5,
+        "request": 6,
     }
     ordered = sorted(lanes.values(), key=lambda ln: (order[ln.kind], ln.key))
     return ordered, t0, t1

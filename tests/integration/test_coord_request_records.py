@@ -104,6 +104,11 @@ async def test_a_retried_request_is_recorded_and_explained(
         assert f"n{good.port}/0" in out and "routable" in out
         rc, _, err = await motor("replay", "--request", plain[0]["client_id"], url=nats_server.url)
         assert rc == 1 and "no record of request" in err
+        page = tmp_path / "timeline.html"
+        rc, out, err = await motor("replay", "--timeline", str(page), url=nats_server.url)
+        assert rc == 0, err
+        html = page.read_text()
+        assert "requests (routing records)" in html and rec["request_id"] in html  # the timeline marks it
     finally:
         c.stop()
         good.stop()
