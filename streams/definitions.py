@@ -23,6 +23,7 @@ from core import subjects
 from core.ageout import DAY as DAY  # re-exported: tests and tools count days with it
 from core.ageout import max_age_seconds
 from core.config import ControllerConfig, NatsConfig
+from core.storelimits import DEFAULT_MAX_BYTES
 from streams.errors import StreamsError
 
 log = logging.getLogger(__name__)
@@ -46,6 +47,15 @@ NO_ANSWER = (
     "no answer (only a NATS user with JetStream admin rights may create or change streams: "
     "`motor up` makes them as `admin` before it starts anything)"
 )
+
+
+def motor_max_bytes(cfg: NatsConfig) -> int:
+    """MOTOR's `max_bytes`: the config's, else the default (`core.storelimits`)."""
+    return cfg.max_bytes if cfg.max_bytes is not None else DEFAULT_MAX_BYTES
+
+
+INSUFFICIENT_STORAGE = 10047  # JetStream: the stream's max_bytes does not fit the server's store
+TOO_BIG = "MOTOR's nats.max_bytes is more than the server's JetStream store may hold: lower it"
 
 
 def kv_stream(bucket: str) -> str:
@@ -85,7 +95,10 @@ def stream_configs(cfg: NatsConfig | None = None, *, lease_ttl: float = LEASE_TT
             subjects=[subjects.ALL_EVENTS, subjects.ALL_COMMANDS],
             retention=RetentionPolicy.LIMITS,
             storage=StorageType.FILE,
-            discard=DiscardPolicy.OLD,
+            # Full at max_bytes: the next publish is refused, naming the limit (streams.errors.
+            # StoreFull); no acknowledged event is ever dropped to make room (core.storelimits).
+            discard=DiscardPolicy.NEW,
+            max_bytes=motor_max_bytes(cfg),
             max_age=max_age_seconds(cfg),
             # JetStream refuses a window longer than max_age (a log of minutes, for one).
             duplicate_window=min(DEDUPE_WINDOW, max_age_seconds(cfg)),
@@ -158,7 +171,10 @@ async def ensure_streams(
             try:
                 await js.add_stream(want)
             except APIError as exc:
-                raise StreamsError(f"cannot create stream {want.name}: {exc.description or exc}") from None
+                hint = f" ({TOO_BIG})" if exc.err_code == INSUFFICIENT_STORAGE else ""
+                raise StreamsError(
+                    f"cannot create stream {want.name}: {exc.description or exc}{hint}"
+                ) from None
             except NatsTimeoutError:
                 raise StreamsError(f"cannot create stream {want.name}: {NO_ANSWER}") from None
             log.info("created stream %s", want.name)
