@@ -16,10 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import subprocess
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -40,28 +38,12 @@ from streams.definitions import MOTOR_STREAM, ensure_streams
 from streams.errors import PublishTimeout, StoreFull, StreamsError
 from streams.publisher import MSG_ID, Publisher
 from streams.server import EmbeddedNats
+from tests.localcluster import tmpfs
 
 pytestmark = pytest.mark.timeout(180)
 
 DISK = 24 * MiB
 MAX_BYTES = 4 * MiB
-
-
-@contextlib.contextmanager
-def tmpfs(path: Path, size: int) -> Iterator[Path]:
-    """A tmpfs of `size` bytes mounted at `path`, unmounted after (skips without root)."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs for the NATS store needs root (CI runs as root)")
-    path.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", "-l", str(path)], check=False)
 
 
 def _event(i: int) -> EventBase:
