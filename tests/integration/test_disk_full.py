@@ -10,6 +10,8 @@ sizes it (`deploy.natshealth.plan`). Two ways to be full:
 - something else fills the disk: nats-server fails a write with ENOSPC, answers no publish
   and stays wedged after space returns; the supervisor's probe (its health check's write
   error) restarts it once the disk has room, and writes resume (before: wedged for good).
+And a `nats.max_bytes` the server's store cannot hold is refused naming it, on create and on
+change (no tmpfs needed).
 """
 
 from __future__ import annotations
@@ -180,3 +182,18 @@ async def test_a_disk_filled_by_something_else_wedges_nats_until_the_supervisor_
     finally:
         await supervisor.stop()
         filler.unlink(missing_ok=True)
+
+
+async def test_a_max_bytes_the_server_cannot_hold_is_refused_naming_it(tmp_path: Path) -> None:
+    """No tmpfs needed: the server's store cap alone refuses a MOTOR that would not fit it."""
+    async with EmbeddedNats(tmp_path / "nats", max_file_store=8 * MiB) as server:
+        nc = await connect(server.url, name="disk-full")
+        try:
+            js = nc.jetstream()
+            with pytest.raises(StreamsError, match=r"cannot create stream MOTOR: .*nats\.max_bytes"):
+                await ensure_streams(js, NatsConfig(max_bytes=16 * MiB))
+            await ensure_streams(js, NatsConfig(max_bytes=2 * MiB))
+            with pytest.raises(StreamsError, match=r"cannot update stream MOTOR: .*nats\.max_bytes"):
+                await ensure_streams(js, NatsConfig(max_bytes=16 * MiB))
+        finally:
+            await nc.close()
