@@ -111,6 +111,7 @@ class Outbox:
                 exc: Exception = StreamsError("publish cancelled by the NATS client")
             except StoreFull as full:
                 # The store is full, not the event wrong: kept until the operator frees room.
+                self.metrics.publishes_store_full.labels(self.metrics.node_id).inc()
                 refused_since = None
                 exc = full
             except PublishFailed as refused:

@@ -192,7 +192,9 @@ async def ensure_streams(
             raise StreamsError(f"cannot update stream {want.name}: {NO_ANSWER}") from None
         except APIError as exc:
             if exc.err_code == INSUFFICIENT_STORAGE:
-                raise StreamsError(f"cannot update stream {want.name}: {exc.description} ({TOO_BIG})") from None
+                raise StreamsError(
+                    f"cannot update stream {want.name}: {exc.description} ({TOO_BIG})"
+                ) from None
             fields = ", ".join(sorted(diff))
             raise StreamsError(
                 f"stream {want.name}: cannot change {fields} in place ({exc.description or exc}); "

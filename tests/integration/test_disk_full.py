@@ -127,6 +127,7 @@ async def test_a_full_motor_refuses_clearly_keeps_every_ack_and_writes_again_aft
         await asyncio.sleep(3.0)
         assert not kept.done(), f"the outbox gave up on the event: {kept.exception()}"
         assert metrics.events_dropped.labels("d1", "endpoint.status_changed")._value.get() == 0
+        assert metrics.publishes_store_full.labels("d1")._value.get() >= 2  # tried again, and counted
 
         info = await store.js.stream_info(MOTOR_STREAM)
         assert info.state.messages == len(store.acked)  # nothing dropped to make room
