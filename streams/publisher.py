@@ -46,9 +46,8 @@ STORE_FULL = {
 }
 FULL_ADVICE = (
     "nothing was stored (Motor's processes keep their events and send them again); free room by "
-    "raising nats.max_bytes "
-    "(and the disk under the server's store), or by exporting (`motor events export`) and purging "
-    "old events, or wait for nats.max_age_days to age them out"
+    "raising nats.max_bytes (and the disk under the server's store), or by exporting "
+    "(`motor events export`) and purging old events, or wait for nats.max_age_days to age them out"
 )
 
 

@@ -305,7 +305,12 @@ class EmbeddedNats:
                 try:
                     writer.write(f"GET /healthz HTTP/1.0\r\nHost: {self.host}\r\n\r\n".encode())
                     await writer.drain()
-                    reply = await reader.read(65536)
+                    reply = b""
+                    while len(reply) < 65536:  # HTTP/1.0: the body ends where the connection does
+                        chunk = await reader.read(65536)
+                        if not chunk:
+                            break
+                        reply += chunk
                 finally:
                     writer.close()
         except (OSError, TimeoutError):
