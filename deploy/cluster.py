@@ -316,7 +316,7 @@ class LocalCluster:
         for c in list(self.children):
             self._watch_child(c.name)
         if self._nats is not None:
-            for w in self._nats.watches():  # exits, and a full disk's wedge
+            for w in self._nats.watches(self.supervisor.notify):  # exits, and a full disk's wedge
                 self.supervisor.watch(w)
 
     def _watch_child(self, name: str) -> None:

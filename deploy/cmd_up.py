@@ -237,7 +237,9 @@ async def _run_up(cluster: Any, *, live: bool) -> int:
 
     def on_notice(n: Any) -> None:
         # Printed above the live table (rich keeps the table at the bottom).
-        style = {"restarted": "green", "unresponsive": "red"}.get(n.kind, "yellow")
+        style = {"restarted": "green", "unresponsive": "red", "wedged": "red", "stuck": "red"}.get(
+            n.kind, "yellow"
+        )
         console.print(f"{time.strftime('%H:%M:%S')} [{style}]{n.describe()}[/]")
         if n.kind == "unresponsive" or (n.kind == "exited" and n.exit_code is not None and n.exit_code > 0):
             child = next((c for c in cluster.children if c.name == n.name), None)

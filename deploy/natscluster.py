@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from deploy.hosts import LOCAL, Host
 from deploy.natshealth import watch
-from deploy.supervise import Watch
+from deploy.supervise import Notice, Watch
 from streams.errors import NatsServerFailed
 from streams.server import EmbeddedNats, cluster_conf, route_url
 
@@ -122,9 +122,9 @@ class NatsCluster:
         """The supervised name of a member: `nats-server` alone, `nats-n1` … in a cluster."""
         return member.process if self.size > 1 else SINGLE
 
-    def watches(self) -> list[Watch]:
+    def watches(self, notify: Callable[[Notice], None] | None = None) -> list[Watch]:
         """The supervisor's watch of each member (`deploy.natshealth.watch`)."""
-        return [watch(self.servers[m.name], self.process_name(m)) for m in self.members]
+        return [watch(self.servers[m.name], self.process_name(m), notify) for m in self.members]
 
     def member(self, name: str) -> NatsMember:
         """The member called `name` (`n2`), or the one whose process is called so (`nats-n2`)."""

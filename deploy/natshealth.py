@@ -19,13 +19,13 @@ import logging
 import os
 import shutil
 import signal
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from core.config import ClusterConfig
 from core.storelimits import MiB, StorePlan, plan_store
 from deploy.liveness import LivenessRule
-from deploy.supervise import Watch
+from deploy.supervise import Notice, Watch
 from streams.server import EmbeddedNats
 
 log = logging.getLogger(__name__)
@@ -71,9 +71,12 @@ def fit_store(cfg: ClusterConfig, stores: Sequence[Path]) -> tuple[ClusterConfig
 class StoreWatch:
     """The supervisor's probe, kill and reason for one embedded server (`deploy.supervise.Watch`)."""
 
-    def __init__(self, server: EmbeddedNats, name: str) -> None:
+    def __init__(
+        self, server: EmbeddedNats, name: str, notify: Callable[[Notice], None] | None = None
+    ) -> None:
         self.server = server
         self.name = name
+        self.notify = notify  # the supervisor's, so `motor up` shows the full disk as it happens
         self.error = ""
         self._waiting_for_room = False
 
@@ -87,16 +90,15 @@ class StoreWatch:
         free = free_bytes(self.server.store_dir)
         if free < MIN_FREE:
             if not self._waiting_for_room:
-                log.error(
-                    "%s cannot write its store (%s) and the disk under %s has %d bytes free: publishes "
-                    "fail meanwhile (Motor's processes keep their events and send them again); free "
-                    "disk space there and %s is restarted",
-                    self.name,
-                    err,
-                    self.server.store_dir,
-                    free,
-                    self.name,
+                said = (
+                    f"cannot write its store ({err}) and the disk under {self.server.store_dir} has "
+                    f"{free} bytes free: publishes fail meanwhile (Motor's processes keep their events "
+                    "and send them again); free disk space there and it is restarted"
                 )
+                if self.notify is not None:
+                    self.notify(Notice(self.name, "stuck", None, 0.0, 0, detail=said))
+                else:
+                    log.error("%s %s", self.name, said)
             self._waiting_for_room = True
             return True  # a restart now would hit the same full disk
         return False
@@ -117,10 +119,10 @@ class StoreWatch:
         return f"its store cannot be written: {self.error}"
 
 
-def watch(server: EmbeddedNats, name: str) -> Watch:
+def watch(server: EmbeddedNats, name: str, notify: Callable[[Notice], None] | None = None) -> Watch:
     """The supervisor's watch of an embedded server: restarted when it exits, or when a store
-    write error wedges it and its disk has room again."""
-    store = StoreWatch(server, name)
+    write error wedges it and its disk has room again (`notify`: the supervisor's)."""
+    store = StoreWatch(server, name, notify)
     return Watch(
         name,
         lambda: server.pid,

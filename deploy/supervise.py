@@ -55,6 +55,7 @@ class Notice:
     # "exited" (a restart is due after `delay`) | "restarted" | "failed" (respawn raised)
     # | "unresponsive" (it stopped answering its liveness probe: killed, `detail` says how long)
     # | "wedged" (it answers, but says it cannot work: a nats-server's store write error; killed)
+    # | "stuck" (wedged, but killing it would not help yet: a full disk; `detail` says what)
     kind: str
     exit_code: int | None
     delay: float
@@ -74,6 +75,8 @@ class Notice:
                 f"{self.name} stopped answering its liveness probe ({self.detail}): killed to take it "
                 "out of the port, a fresh one follows; if this repeats, its log says what it was doing"
             )
+        if self.kind == "stuck":
+            return f"{self.name} {self.detail}"
         if self.kind == "wedged":
             return (
                 f"{self.name} is wedged ({self.detail}): killed, a fresh one follows on the same store; "
@@ -179,7 +182,8 @@ class Supervisor:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
 
-    def _notify(self, n: Notice) -> None:
+    def notify(self, n: Notice) -> None:
+        """Record and show what happened (a watch's own probe may say something too)."""
         self.notices.append(n)
         # INFO: `motor up` prints the notice itself (on_notice); a warning would say it twice.
         log.info("%s", n.describe())
@@ -201,7 +205,7 @@ class Supervisor:
                 return
             uptime = time.monotonic() - w.started_at
             delay, w.streak = self.backoff.next(w.streak, uptime)
-            self._notify(Notice(w.name, "exited", code, delay, w.restarts))
+            self.notify(Notice(w.name, "exited", code, delay, w.restarts))
             await asyncio.sleep(delay)  # the backoff itself: nothing to await but time
             if self._stopping:
                 return
@@ -210,11 +214,11 @@ class Supervisor:
             try:
                 await w.respawn()
             except Exception as exc:  # a port still held, a binary gone: try again later
-                self._notify(Notice(w.name, "failed", code, delay, w.restarts, detail=str(exc)))
+                self.notify(Notice(w.name, "failed", code, delay, w.restarts, detail=str(exc)))
                 continue
             w.restarts += 1
             w.started_at = time.monotonic()
-            self._notify(Notice(w.name, "restarted", code, delay, w.restarts))
+            self.notify(Notice(w.name, "restarted", code, delay, w.restarts))
 
     async def _probe(self, w: Watch) -> None:
         """Probe the current process every `interval`; kill it after `misses` in a row.
@@ -263,7 +267,7 @@ class Supervisor:
                         "unresponsive",
                         f"{seen.misses} probes in a row unanswered, silent {silent:.1f} s",
                     )
-                self._notify(Notice(w.name, kind, None, 0.0, w.restarts, detail=detail))
+                self.notify(Notice(w.name, kind, None, 0.0, w.restarts, detail=detail))
                 killed = proc  # its exit is `_run`'s to see: it restarts the next one
                 continue
             await asyncio.sleep(max(0.0, rule.interval - (time.monotonic() - t0)))

@@ -66,6 +66,7 @@ def said_so(cc: ChaosCluster, since: float, room_at: float) -> inv.Check:
     not before (a restart on a full disk would only fail again)."""
     name = "12 a full disk named and healed"
     notices = [n for n in cc.cluster.supervisor.notices if n.name == NATS and n.at >= since]
+    stuck = [n for n in notices if n.kind == "stuck" and n.at < room_at]
     wedged = [n for n in notices if n.kind == "wedged"]
     restarted = [n for n in notices if n.kind == "restarted"]
     if not wedged or "no space left on device" not in wedged[0].detail:
@@ -76,10 +77,13 @@ def said_so(cc: ChaosCluster, since: float, room_at: float) -> inv.Check:
         return inv.Check(name, False, f"restarted {room_at - wedged[0].at:.1f} s before the disk had room")
     if not restarted:
         return inv.Check(name, False, "killed but never started again")
+    if not stuck:
+        return inv.Check(name, False, "the full disk was not said while it lasted")
     return inv.Check(
         name,
         True,
-        f"'{wedged[0].describe()[:120]}…'; restarted {restarted[0].at - room_at:.1f} s after space returned",
+        f"said while full: '{stuck[0].describe()[:90]}…'; then '{wedged[0].describe()[:60]}…', "
+        f"restarted {restarted[0].at - room_at:.1f} s after space returned",
     )
 
 

@@ -147,7 +147,7 @@ async def test_a_disk_filled_by_something_else_wedges_nats_until_the_supervisor_
     store: Store, tmp_path: Path
 ) -> None:
     supervisor = Supervisor()
-    supervisor.watch(watch(store.server, "nats-server"))
+    supervisor.watch(watch(store.server, "nats-server", supervisor.notify))
     pub = Publisher(store.js, ack_timeout=2.0)
     filler = store.server.store_dir / "filler"
     try:
@@ -163,6 +163,8 @@ async def test_a_disk_filled_by_something_else_wedges_nats_until_the_supervisor_
         assert "no space left on device" in (await store.server.write_error() or "")
         await asyncio.sleep(3.0)  # the disk is still full: a restart would only fail again
         assert supervisor.restarts("nats-server") == 0
+        stuck = [n.describe() for n in supervisor.notices if n.kind == "stuck"]
+        assert len(stuck) == 1 and "free disk space there" in stuck[0], stuck  # said once, while full
 
         filler.unlink()
         async with asyncio.timeout(30):
