@@ -25,7 +25,7 @@ test *ARGS: test-deps k8s-tools
     {{python}} -m pytest -q {{ARGS}}
 
 # The chaos suite: one fault per scenario on the real local cluster under client traffic,
-# every invariant of issue 11 printed (tests/chaos; not part of `just test`; ~10 min, the age-out scenario waits out a minute-long log; longer when faults fail).
+# every invariant of issue 11 printed (tests/chaos; not part of `just test`; ~11 min, the age-out scenario waits out a minute-long log; the disk ones need root for a tmpfs; longer when faults fail).
 chaos *ARGS: test-deps
     {{python}} -m pytest -q -s tests/chaos -m chaos {{ARGS}}
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import time
 from collections.abc import Callable, Sequence
 
 from controller.fold import Fold
@@ -22,10 +23,12 @@ from controller.metrics import ControllerMetrics
 from controller.rule_context import Decision
 from core import subjects
 from streams.definitions import MOTOR_STREAM
-from streams.errors import SequenceConflict, StreamsError
+from streams.errors import SequenceConflict, StoreFull, StreamsError
 from streams.log import Log
 
 log = logging.getLogger(__name__)
+
+FULL_SAID_EVERY = 30.0  # seconds between warnings while MOTOR stays full (decide tries each tick)
 
 
 class Outcome(enum.Enum):
@@ -45,6 +48,7 @@ class Appender:
         self.awaited = 0  # highest sequence appended: decide again only once it is folded
         self.fence: int | None = None  # seq of this leader's own announcement
         self.landed = 0  # decisions of the last batch that landed (duplicates included)
+        self._full_said_at: float | None = None  # when a full store was last warned of
 
     def reset(self) -> None:
         """Forget positions of a log that is gone (a lost log: sequences start over)."""
@@ -124,9 +128,24 @@ class Appender:
                 result = Outcome.FENCED
             else:
                 self.metrics.append_errors.inc()
-                log.warning("append of %s failed: %s; retrying on the next tick", d.summary(), got)
+                if self._say(got):
+                    log.warning("append of %s failed: %s; retrying on the next tick", d.summary(), got)
                 result = Outcome.STOPPED
+        if result is Outcome.DONE and self._full_said_at is not None:
+            self._full_said_at = None
+            log.info("appends land again: the store has room")
         if result is Outcome.DONE and len(outcomes) < len(decisions):
             log.info("lease no longer valid: %d decision(s) not appended", len(decisions) - len(outcomes))
             result = Outcome.STOPPED
         return result
+
+    def _say(self, err: StreamsError) -> bool:
+        """Whether to log this failure: a full store is said once every FULL_SAID_EVERY seconds
+        (the next tick tries again, and would say it five times a second)."""
+        if not isinstance(err, StoreFull):
+            return True
+        now = time.monotonic()
+        if self._full_said_at is not None and now - self._full_said_at < FULL_SAID_EVERY:
+            return False
+        self._full_said_at = now
+        return True

@@ -61,6 +61,10 @@ class NatsConfig(Strict):
     # down to MIN_MAX_AGE seconds. Long-lived facts are said again before they age out
     # (`core.ageout`), so a fold that starts from the log alone still sees every instance.
     max_age_days: float = Field(30, gt=0)
+    # How many bytes MOTOR may hold; a publish beyond is refused ("maximum bytes exceeded"),
+    # never an older event dropped for it. Unset: 1 GiB (`core.storelimits`), or what the disk
+    # under the embedded server's store allows, which `motor up` writes into the config it runs.
+    max_bytes: int | None = Field(None, ge=1024 * 1024)
     embedded: bool = True  # `motor up` starts its own nats-server unless --nats-url is given
 
     @field_validator("max_age_days")

@@ -34,8 +34,10 @@ from core.config import ClusterConfig
 from core.ids import new_id
 from deploy.clusterplan import NodePlan, Ports, fit_replicas, plan_nodes
 from deploy.hosts import LOCAL, Host
-from deploy.liveness import LivenessRule, probe_dir, probe_unix
+from deploy.liveness import LivenessRule, probe_dir, probe_unix, remove_probe_sockets
+from deploy.logcap import DEFAULT_LOG_MAX, start_log_cap, stop_log_cap
 from deploy.natscluster import SINGLE, NatsCluster, plan_members
+from deploy.natshealth import fit_store
 from deploy.supervise import Backoff, Notice, Supervisor, Watch, die_with_parent, wait_popen
 from deploy.sweep import session_pids, stop_strays, wait_for_exit
 from streams.connection import NatsOptions
@@ -78,6 +80,8 @@ class LocalCluster:
     # process name (`controller-c1`, `coordinator-2`, `nodeagent-<node>`, `nats-n1`) -> host
     # name; a process not named runs on the first host
     placement: dict[str, str] = field(default_factory=dict)
+    # each log under `logs` is cut past this size, the older part kept (deploy.logcap); None: never
+    log_max_bytes: int | None = DEFAULT_LOG_MAX
 
     def __post_init__(self) -> None:
         if self.coordinators < 1:
@@ -91,6 +95,7 @@ class LocalCluster:
         self.cfg = fit_replicas(self.cfg, self.nats_cluster, external=self.nats_url is not None)
         self.root = self.root.resolve()
         self._nats: NatsCluster | None = None
+        self._log_cap: asyncio.Task[None] | None = None
         self.auth: ClusterAuth | None = None  # the embedded server's users (deploy.natsauth)
         self.supervisor = Supervisor(self.backoff, self.on_notice, self.liveness)
         self.nats_members = plan_members(
@@ -172,6 +177,12 @@ class LocalCluster:
         """Start NATS and every process; return once all are spawned (not yet ready)."""
         self.logs.mkdir(parents=True, exist_ok=True)
         self.run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self._log_cap = start_log_cap(self.logs, self.log_max_bytes)
+        store_cap = None
+        if self.nats_url is None:  # the log fit into its disk, before anything runs
+            many = self.nats_cluster > 1
+            stores = [self.root / "nats" / m.name if many else self.root / "nats" for m in self.nats_members]
+            self.cfg, store_cap = fit_store(self.cfg, stores)
         cfg_path = self.root / "cluster.json"
         cfg_path.write_bytes(orjson.dumps(self.cfg.model_dump(mode="json"), option=orjson.OPT_INDENT_2))
         if self.nats_url is None:
@@ -185,6 +196,7 @@ class LocalCluster:
                 self.logs,
                 extra_conf=self.auth.server_conf(),
                 route_password=route_password(self.root) if self.nats_cluster > 1 else None,
+                max_file_store=store_cap,
             )
             await nats.start()
             self._nats = nats
@@ -304,14 +316,8 @@ class LocalCluster:
         for c in list(self.children):
             self._watch_child(c.name)
         if self._nats is not None:
-            for member in self._nats.members:
-                server = self._nats.server(member.name)
-                name = self._nats.process_name(member)
-                self.supervisor.watch(Watch(name, self._pid_of(server), server.wait, server.start))
-
-    @staticmethod
-    def _pid_of(server: EmbeddedNats) -> Callable[[], object]:
-        return lambda: server.pid
+            for w in self._nats.watches(self.supervisor.notify):  # exits, and a full disk's wedge
+                self.supervisor.watch(w)
 
     def _watch_child(self, name: str) -> None:
         def current() -> object:
@@ -433,14 +439,6 @@ class LocalCluster:
         if self._nats is not None:
             await self._nats.stop()
             self._nats = None
-        self._remove_probe_sockets()
+        await stop_log_cap(self._log_cap)
+        remove_probe_sockets(self.run_dir, self.root, self.coordinator_names())
         return len(procs) + stray_count
-
-    def _remove_probe_sockets(self) -> None:
-        """What a killed replica could not remove itself; the temp dir too, if one was made."""
-        for name in self.coordinator_names():
-            with contextlib.suppress(OSError):
-                self.probe_socket(name).unlink()
-        if self.run_dir.parent != self.root:
-            with contextlib.suppress(OSError):
-                self.run_dir.rmdir()

@@ -19,6 +19,8 @@ PLACEMENT_EVERY = 2.0  # seconds between asks of who leads the MOTOR stream
 
 
 def register(sub: Any) -> None:
+    from deploy.logcap import DEFAULT_LOG_MAX
+
     up = sub.add_parser("up", help="run a local cluster (nats-server, controllers, coordinator, node agents)")
     up.add_argument(
         "--config",
@@ -92,6 +94,14 @@ def register(sub: Any) -> None:
         metavar="K",
         help="K misses in a row (frozen or wedged) kill the replica, taking it out of the shared "
         "port, and the supervisor starts a fresh one; default %(default)s",
+    )
+    up.add_argument(
+        "--log-max-mb",
+        type=float,
+        default=DEFAULT_LOG_MAX / 2**20,
+        metavar="MB",
+        help="cut each log under <root>/logs past MB MiB, its older part kept as <name>.log.1 "
+        "(0: never); default %(default)g",
     )
     up.set_defaults(func=_up)
     st = sub.add_parser("status", help="print the cluster table from the log of a running cluster")
@@ -187,6 +197,7 @@ def _up(args: argparse.Namespace) -> int:
             coordinators=args.coordinators,
             supervise=not args.no_restart,
             liveness=liveness,
+            log_max_bytes=int(args.log_max_mb * 2**20) or None,
         )
     except ValueError as exc:
         print(f"motor up: {exc}", file=sys.stderr)
@@ -226,7 +237,9 @@ async def _run_up(cluster: Any, *, live: bool) -> int:
 
     def on_notice(n: Any) -> None:
         # Printed above the live table (rich keeps the table at the bottom).
-        style = {"restarted": "green", "unresponsive": "red"}.get(n.kind, "yellow")
+        style = {"restarted": "green", "unresponsive": "red", "wedged": "red", "stuck": "red"}.get(
+            n.kind, "yellow"
+        )
         console.print(f"{time.strftime('%H:%M:%S')} [{style}]{n.describe()}[/]")
         if n.kind == "unresponsive" or (n.kind == "exited" and n.exit_code is not None and n.exit_code > 0):
             child = next((c for c in cluster.children if c.name == n.name), None)

@@ -20,6 +20,7 @@ other replicas, and the supervisor starts a fresh replica, which joins once caug
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import os
 import tempfile
@@ -121,3 +122,13 @@ def probe_dir(root: Path, session: str, names: list[str]) -> Path:
     if len(os.fsencode(local)) + longest <= MAX_UNIX_PATH:
         return local
     return Path(tempfile.gettempdir()) / f"motor-{session}"
+
+
+def remove_probe_sockets(run_dir: Path, root: Path, names: list[str]) -> None:
+    """What a killed replica could not remove itself; the temp dir too, if one was made."""
+    for name in names:
+        with contextlib.suppress(OSError):
+            (run_dir / f"{name}.sock").unlink()
+    if run_dir.parent != root:
+        with contextlib.suppress(OSError):
+            run_dir.rmdir()

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from deploy.hosts import LOCAL, Host
+from deploy.natshealth import watch
+from deploy.supervise import Notice, Watch
 from streams.errors import NatsServerFailed
 from streams.server import EmbeddedNats, cluster_conf, route_url
 
@@ -71,6 +73,7 @@ class NatsCluster:
         *,
         extra_conf: str = "",
         route_password: str | None = None,
+        max_file_store: int | None = None,
     ) -> None:
         self.members = list(members)
         self.servers: dict[str, EmbeddedNats] = {}
@@ -98,6 +101,7 @@ class NatsCluster:
                 extra_conf=conf,
                 server_name=m.name if clustered else None,
                 argv_prefix=m.host.prefix(),
+                max_file_store=max_file_store,
             )
 
     @property
@@ -117,6 +121,10 @@ class NatsCluster:
     def process_name(self, member: NatsMember) -> str:
         """The supervised name of a member: `nats-server` alone, `nats-n1` … in a cluster."""
         return member.process if self.size > 1 else SINGLE
+
+    def watches(self, notify: Callable[[Notice], None] | None = None) -> list[Watch]:
+        """The supervisor's watch of each member (`deploy.natshealth.watch`)."""
+        return [watch(self.servers[m.name], self.process_name(m), notify) for m in self.members]
 
     def member(self, name: str) -> NatsMember:
         """The member called `name` (`n2`), or the one whose process is called so (`nats-n2`)."""

@@ -9,7 +9,9 @@ kill something and bring it back itself; a process replaced while the supervisor
 
 A watch with a `probe` is also asked whether it answers (`deploy.liveness`): a process that
 stops answering is killed, its exit restarts it as any other. Exits alone miss a process that
-is frozen or wedged, and one that shares a port swallows connections meanwhile.
+is frozen or wedged, and one that shares a port swallows connections meanwhile. A nats-server
+whose store hit a write error (a full disk) lives and answers, but takes no publish until it
+is restarted: its probe is that error (`deploy.natshealth`), and its notice says "wedged".
 """
 
 from __future__ import annotations
@@ -52,6 +54,8 @@ class Notice:
     name: str
     # "exited" (a restart is due after `delay`) | "restarted" | "failed" (respawn raised)
     # | "unresponsive" (it stopped answering its liveness probe: killed, `detail` says how long)
+    # | "wedged" (it answers, but says it cannot work: a nats-server's store write error; killed)
+    # | "stuck" (wedged, but killing it would not help yet: a full disk; `detail` says what)
     kind: str
     exit_code: int | None
     delay: float
@@ -71,6 +75,13 @@ class Notice:
                 f"{self.name} stopped answering its liveness probe ({self.detail}): killed to take it "
                 "out of the port, a fresh one follows; if this repeats, its log says what it was doing"
             )
+        if self.kind == "stuck":
+            return f"{self.name} {self.detail}"
+        if self.kind == "wedged":
+            return (
+                f"{self.name} is wedged ({self.detail}): killed, a fresh one follows on the same store; "
+                "if this repeats, see its log and the disk under its store"
+            )
         plural = "restart" if self.restarts == 1 else "restarts"
         return f"restarted {self.name} ({code}) after {self.delay:g} s, {self.restarts} {plural}"
 
@@ -88,6 +99,10 @@ class Watch:
     # processes whose silence harms (a shared port) have one.
     probe: Callable[[], Awaitable[bool]] | None = None
     kill: Callable[[], bool] | None = None
+    # How this process is probed, when not by the supervisor's rule; what a failed probe means
+    # ("unresponsive", or "wedged" with `wedged()` saying what it reported).
+    liveness: LivenessRule | None = None
+    wedged: Callable[[], str] | None = None
     supervised: bool = True
     restarts: int = 0
     streak: int = 0
@@ -167,7 +182,8 @@ class Supervisor:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
 
-    def _notify(self, n: Notice) -> None:
+    def notify(self, n: Notice) -> None:
+        """Record and show what happened (a watch's own probe may say something too)."""
         self.notices.append(n)
         # INFO: `motor up` prints the notice itself (on_notice); a warning would say it twice.
         log.info("%s", n.describe())
@@ -189,7 +205,7 @@ class Supervisor:
                 return
             uptime = time.monotonic() - w.started_at
             delay, w.streak = self.backoff.next(w.streak, uptime)
-            self._notify(Notice(w.name, "exited", code, delay, w.restarts))
+            self.notify(Notice(w.name, "exited", code, delay, w.restarts))
             await asyncio.sleep(delay)  # the backoff itself: nothing to await but time
             if self._stopping:
                 return
@@ -198,11 +214,11 @@ class Supervisor:
             try:
                 await w.respawn()
             except Exception as exc:  # a port still held, a binary gone: try again later
-                self._notify(Notice(w.name, "failed", code, delay, w.restarts, detail=str(exc)))
+                self.notify(Notice(w.name, "failed", code, delay, w.restarts, detail=str(exc)))
                 continue
             w.restarts += 1
             w.started_at = time.monotonic()
-            self._notify(Notice(w.name, "restarted", code, delay, w.restarts))
+            self.notify(Notice(w.name, "restarted", code, delay, w.restarts))
 
     async def _probe(self, w: Watch) -> None:
         """Probe the current process every `interval`; kill it after `misses` in a row.
@@ -212,7 +228,7 @@ class Supervisor:
         process is awaited: the exit restarts it through `_run`, with the usual backoff.
         """
         assert w.probe is not None and w.kill is not None
-        rule = self.liveness
+        rule = w.liveness or self.liveness
         proc: object = None
         killed: object = None
         seen = Probing()
@@ -233,7 +249,10 @@ class Supervisor:
             seen, verdict = rule.step(seen, answered)
             if verdict is Verdict.MISSED and before.misses == 0:
                 silent_since = t0
-                log.warning("%s did not answer its liveness probe within %g s", w.name, rule.timeout)
+                if w.wedged is not None:
+                    log.warning("%s is wedged: %s", w.name, w.wedged())
+                else:
+                    log.warning("%s did not answer its liveness probe within %g s", w.name, rule.timeout)
             elif verdict is Verdict.ALIVE and before.misses:
                 log.info("%s answers its liveness probe again after %d misses", w.name, before.misses)
             elif verdict is Verdict.KILL:
@@ -241,16 +260,14 @@ class Supervisor:
                 if not w.kill():  # it died on its own meanwhile: an exit, restarted by `_run`
                     await asyncio.sleep(rule.interval)
                     continue
-                self._notify(
-                    Notice(
-                        w.name,
+                if w.wedged is not None:
+                    kind, detail = "wedged", f"{w.wedged()}, {seen.misses} probes in a row"
+                else:
+                    kind, detail = (
                         "unresponsive",
-                        None,
-                        0.0,
-                        w.restarts,
-                        detail=f"{seen.misses} probes in a row unanswered, silent {silent:.1f} s",
+                        f"{seen.misses} probes in a row unanswered, silent {silent:.1f} s",
                     )
-                )
+                self.notify(Notice(w.name, kind, None, 0.0, w.restarts, detail=detail))
                 killed = proc  # its exit is `_run`'s to see: it restarts the next one
                 continue
             await asyncio.sleep(max(0.0, rule.interval - (time.monotonic() - t0)))

@@ -96,6 +96,13 @@ class AgentMetrics:
             [*labels, "type"],
             registry=self.registry,
         )
+        self.publishes_store_full = Counter(
+            "motor_nodeagent_publishes_store_full",
+            "Publishes the log refused because its store is full (MOTOR at nats.max_bytes, the "
+            "server's store at its cap); the event is kept and sent again.",
+            labels,
+            registry=self.registry,
+        )
         self.part_restarts = Counter(
             "motor_nodeagent_part_restarts",
             "Parts of the agent (commands, heartbeats, resync, ...) started again after they failed.",

@@ -5,7 +5,8 @@ NATS, so the supervisor posts and moves on; command results are sent and awaited
 a command is acked only once its result is in the log. A publish that fails is retried with
 backoff; the event id is fixed, so JetStream drops a copy that did land.
 
-While NATS is away (timeouts, a lost connection) an event waits for as long as it takes. An
+While NATS is away (timeouts, a lost connection) or its store is full (`StoreFull`: MOTOR at
+its `nats.max_bytes`, the server's store at its cap) an event waits for as long as it takes. An
 event the server itself refuses is retried for `reject_budget` seconds and then dropped
 (`on_rejected_for_good`): one event the server will never take must not hold up every later
 one. Whoever waits on it (`send`) gets the error.
@@ -21,7 +22,7 @@ from nats.errors import Error as NatsError
 
 from core.events import EventBase
 from nodeagent.metrics import AgentMetrics
-from streams.errors import PublishFailed, StreamsError
+from streams.errors import PublishFailed, StoreFull, StreamsError
 from streams.log import Appends
 
 log = logging.getLogger(__name__)
@@ -108,6 +109,11 @@ class Outbox:
                     raise
                 # nats-py cancels a pending request when its connection goes: not our stop.
                 exc: Exception = StreamsError("publish cancelled by the NATS client")
+            except StoreFull as full:
+                # The store is full, not the event wrong: kept until the operator frees room.
+                self.metrics.publishes_store_full.labels(self.metrics.node_id).inc()
+                refused_since = None
+                exc = full
             except PublishFailed as refused:
                 now = loop.time()
                 refused_since = now if refused_since is None else refused_since

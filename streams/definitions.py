@@ -4,7 +4,7 @@
 |-------------------|----------------------------|------------------------------------------------|
 | MOTOR             | motor.evt.>, motor.cmd.>   | the log: one total order of events and commands |
 | MOTOR_HB          | motor.hb.>                 | heartbeats, latest per node survives           |
-| MOTOR_REQ         | motor.req.>                | per-request routing records (7 days, 1 GiB)     |
+| MOTOR_REQ         | motor.req.>                | per-request routing records (7 days, ⅛ of MOTOR) |
 | KV_motor_leader   | $KV.motor_leader.>         | the controller lease (TTL)                     |
 | KV_motor_checkpoints | $KV.motor_checkpoints.> | controller state at a stream sequence          |
 """
@@ -25,6 +25,7 @@ from core.ageout import DAY as DAY  # re-exported: tests and tools count days wi
 from core.ageout import max_age_seconds
 from core.config import ControllerConfig, NatsConfig
 from core.requestlog import ALL_REQUESTS, REQ_STREAM
+from core.storelimits import DEFAULT_MAX_BYTES, request_log_bytes
 from streams.errors import StreamsError
 
 log = logging.getLogger(__name__)
@@ -33,7 +34,6 @@ MOTOR_STREAM = "MOTOR"
 HB_STREAM = "MOTOR_HB"
 # Request records: traffic history, not lifecycle facts, bounded on their own (oldest go first).
 REQ_MAX_AGE = 7 * 86400.0
-REQ_MAX_BYTES = 1 << 30
 LEADER_BUCKET = "motor_leader"
 CHECKPOINT_BUCKET = "motor_checkpoints"
 
@@ -51,6 +51,15 @@ NO_ANSWER = (
     "no answer (only a NATS user with JetStream admin rights may create or change streams: "
     "`motor up` makes them as `admin` before it starts anything)"
 )
+
+
+def motor_max_bytes(cfg: NatsConfig) -> int:
+    """MOTOR's `max_bytes`: the config's, else the default (`core.storelimits`)."""
+    return cfg.max_bytes if cfg.max_bytes is not None else DEFAULT_MAX_BYTES
+
+
+INSUFFICIENT_STORAGE = 10047  # JetStream: the stream's max_bytes does not fit the server's store
+TOO_BIG = "MOTOR's nats.max_bytes is more than the server's JetStream store may hold: lower it"
 
 
 def kv_stream(bucket: str) -> str:
@@ -90,7 +99,10 @@ def stream_configs(cfg: NatsConfig | None = None, *, lease_ttl: float = LEASE_TT
             subjects=[subjects.ALL_EVENTS, subjects.ALL_COMMANDS],
             retention=RetentionPolicy.LIMITS,
             storage=StorageType.FILE,
-            discard=DiscardPolicy.OLD,
+            # Full at max_bytes: the next publish is refused, naming the limit (streams.errors.
+            # StoreFull); no acknowledged event is ever dropped to make room (core.storelimits).
+            discard=DiscardPolicy.NEW,
+            max_bytes=motor_max_bytes(cfg),
             max_age=max_age_seconds(cfg),
             # JetStream refuses a window longer than max_age (a log of minutes, for one).
             duplicate_window=min(DEDUPE_WINDOW, max_age_seconds(cfg)),
@@ -121,7 +133,7 @@ def stream_configs(cfg: NatsConfig | None = None, *, lease_ttl: float = LEASE_TT
             storage=StorageType.FILE,
             discard=DiscardPolicy.OLD,
             max_age=REQ_MAX_AGE,
-            max_bytes=REQ_MAX_BYTES,
+            max_bytes=request_log_bytes(motor_max_bytes(cfg)),
             duplicate_window=60.0,
             num_replicas=replicas,
             allow_direct=True,
@@ -176,7 +188,10 @@ async def ensure_streams(
             try:
                 await js.add_stream(want)
             except APIError as exc:
-                raise StreamsError(f"cannot create stream {want.name}: {exc.description or exc}") from None
+                hint = f" ({TOO_BIG})" if exc.err_code == INSUFFICIENT_STORAGE else ""
+                raise StreamsError(
+                    f"cannot create stream {want.name}: {exc.description or exc}{hint}"
+                ) from None
             except NatsTimeoutError:
                 raise StreamsError(f"cannot create stream {want.name}: {NO_ANSWER}") from None
             log.info("created stream %s", want.name)
@@ -193,6 +208,10 @@ async def ensure_streams(
         except NatsTimeoutError:
             raise StreamsError(f"cannot update stream {want.name}: {NO_ANSWER}") from None
         except APIError as exc:
+            if exc.err_code == INSUFFICIENT_STORAGE:
+                raise StreamsError(
+                    f"cannot update stream {want.name}: {exc.description} ({TOO_BIG})"
+                ) from None
             fields = ", ".join(sorted(diff))
             raise StreamsError(
                 f"stream {want.name}: cannot change {fields} in place ({exc.description or exc}); "

@@ -38,6 +38,12 @@ class PublishFailed(StreamsError):
     """JetStream refused a publish (no stream for the subject, limits, ...)."""
 
 
+class StoreFull(PublishFailed):
+    """JetStream refused a publish because a store limit is reached (MOTOR's `max_bytes`, the
+    server's store): not the event's fault, and nothing was stored; publishers keep it and try
+    again, as while NATS is away. The message says which limit and what the operator can do."""
+
+
 class CheckpointError(StreamsError):
     """A checkpoint could not be stored or read back."""
 

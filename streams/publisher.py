@@ -29,7 +29,7 @@ from core.ids import new_id
 from streams.ackjournal import AckJournal
 from streams.batch import ATOMIC_DISABLED, BatchRefused, batch_headers, publish_in_chunks, read_batch_ack
 from streams.cancelling import honour_swallowed_cancel
-from streams.errors import PublishFailed, PublishTimeout, SequenceConflict, StreamsError
+from streams.errors import PublishFailed, PublishTimeout, SequenceConflict, StoreFull, StreamsError
 
 MSG_ID = "Nats-Msg-Id"
 MOTOR_TYPE = "Motor-Type"
@@ -37,6 +37,18 @@ EXPECTED_LAST_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
 # With this header the expected sequence is of another subject's last message (a fence).
 EXPECTED_LAST_SUBJECT_SEQ_SUBJECT = "Nats-Expected-Last-Subject-Sequence-Subject"
 WRONG_LAST_SEQUENCE = 10071  # JetStream error code: wrong last sequence
+# JetStream error codes of a store that is full: the stream's max_bytes (discard new), the
+# server's store (max_file_store) or the account's storage; which limit each names.
+STORE_FULL = {
+    10077: "MOTOR is at its nats.max_bytes",
+    10023: "the nats-server's JetStream store is full (its max_file_store)",
+    10047: "the JetStream storage of the server or account is full",
+}
+FULL_ADVICE = (
+    "nothing was stored (Motor's processes keep their events and send them again); free room by "
+    "raising nats.max_bytes (and the disk under the server's store), or by exporting "
+    "(`motor events export`) and purging old events, or wait for nats.max_age_days to age them out"
+)
 
 
 def headers_for(
@@ -54,6 +66,9 @@ def headers_for(
 def _api_error(exc: APIError, subject: str, expected: int | None) -> StreamsError:
     if exc.err_code == WRONG_LAST_SEQUENCE and expected is not None:
         return SequenceConflict(subject, expected, f"({exc.description})")
+    full = STORE_FULL.get(exc.err_code or 0)
+    if full is not None:
+        return StoreFull(f"{subject}: refused, {full} ({exc.description}): {FULL_ADVICE}")
     return PublishFailed(f"{subject}: {exc.description or exc}")
 
 

@@ -162,8 +162,12 @@ class EmbeddedNats:
         extra_conf: str = "",
         server_name: str | None = None,
         argv_prefix: Sequence[str] = (),
+        max_file_store: int | None = None,
     ) -> None:
         self.store_dir = Path(store_dir)
+        # JetStream's store cap in bytes (core.storelimits): past it a publish is refused with
+        # an error, before the disk itself fills. None: nats-server's own (75% of the free disk).
+        self.max_file_store = max_file_store
         self.extra_conf = extra_conf  # appended verbatim: authorization, tls, cluster blocks
         self.server_name = server_name  # a cluster member's name (JetStream needs one per server)
         self.argv_prefix = tuple(argv_prefix)  # e.g. `ip netns exec h1`: run it on another host
@@ -208,6 +212,7 @@ class EmbeddedNats:
                 "jetstream {",
                 f"  store_dir: {_conf_value(str(self.store_dir.resolve()))}",
                 "  sync_interval: always",
+                *([f"  max_file_store: {self.max_file_store}"] if self.max_file_store else []),
                 "}",
                 self.extra_conf,
                 "",
@@ -285,6 +290,38 @@ class EmbeddedNats:
                     raise NatsServerFailed(f"nats-server {self.server_name or self.url} is not running")
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 0.25)
+
+    async def write_error(self, within: float = 2.0) -> str | None:
+        """The store write error the server reports (its full `/healthz`), e.g. `… no space left
+        on device`; None when it reports none, or does not answer within `within` (a frozen or
+        a starting server is no wedged one).
+
+        nats-server 2.15 keeps a stream that failed to write (ENOSPC) in that error, taking no
+        publish and answering none, until it is restarted; only its health check says so.
+        """
+        try:
+            async with asyncio.timeout(within):
+                reader, writer = await asyncio.open_connection(self.host, self.monitor_port)
+                try:
+                    writer.write(f"GET /healthz HTTP/1.0\r\nHost: {self.host}\r\n\r\n".encode())
+                    await writer.drain()
+                    reply = b""
+                    while len(reply) < 65536:  # HTTP/1.0: the body ends where the connection does
+                        chunk = await reader.read(65536)
+                        if not chunk:
+                            break
+                        reply += chunk
+                finally:
+                    writer.close()
+        except (OSError, TimeoutError):
+            return None
+        head, _, body = reply.partition(b"\r\n\r\n")
+        if b" 503 " not in head.split(b"\r\n", 1)[0] or b"write error" not in body:
+            return None
+        try:
+            return str(orjson.loads(body).get("error") or body.decode(errors="replace"))
+        except (orjson.JSONDecodeError, AttributeError):
+            return body.decode(errors="replace")
 
     async def _healthy(self, query: str = "?js-enabled-only=true") -> bool:
         try:

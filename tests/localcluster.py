@@ -11,10 +11,13 @@ import contextlib
 import os
 import random
 import socket
+import subprocess
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from core.config import ClusterConfig, config_from_dict
 from core.events import InstanceState, Role
@@ -174,6 +177,24 @@ def engine_pid(port: int, word: bytes = b"simengine") -> int:
     raise AssertionError(f"no {word.decode()} process on port {port}")
 
 
+@contextlib.contextmanager
+def tmpfs(path: Path, size: int) -> Iterator[Path]:
+    """A tmpfs of `size` bytes mounted at `path` (a small disk), unmounted after; skips the test
+    without root, which `mount` needs (CI runs as root)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs (a disk that fills) needs root; CI runs as root")
+    path.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False, capture_output=True)
+
+
 @contextlib.asynccontextmanager
 async def running_cluster(
     root: Path,
@@ -186,6 +207,7 @@ async def running_cluster(
     supervise: bool = False,
     nats_cluster: int = 1,
     standby: bool = True,
+    extra_env: dict[str, str] | None = None,
 ) -> AsyncIterator[Harness]:
     """Start a local cluster, follow its log, wait until `ready_pred`; stop it all after.
 
@@ -203,7 +225,7 @@ async def running_cluster(
         supervise=supervise,
         nats_cluster=nats_cluster,
         standby=standby,
-        extra_env={"PYTHONPATH": os.getcwd()},
+        extra_env={"PYTHONPATH": os.getcwd(), **(extra_env or {})},
     )
     await cluster.start()
     nc = await connect(cluster.client_options("inspect"), name="e2e")

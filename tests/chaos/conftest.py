@@ -25,14 +25,18 @@ class ClusterPool:
         self.current: ChaosCluster | None = None
         self.started = 0
 
-    async def get(self, *, coordinators: int = 2, max_age: float | None = None) -> ChaosCluster:
+    async def get(
+        self, *, coordinators: int = 2, max_age: float | None = None, disk: int | None = None
+    ) -> ChaosCluster:
         cc = self.current
-        if cc is not None and (cc.coordinators, cc.max_age) != (coordinators, max_age):
+        if cc is not None and (cc.coordinators, cc.max_age, cc.disk) != (coordinators, max_age, disk):
             await cc.stop()
             cc = self.current = None
         if cc is None:
             self.started += 1
-            cc = ChaosCluster(self.base / f"shape-{self.started}", coordinators=coordinators, max_age=max_age)
+            cc = ChaosCluster(
+                self.base / f"shape-{self.started}", coordinators=coordinators, max_age=max_age, disk=disk
+            )
             await cc.start()
             self.current = cc
             return cc

@@ -38,7 +38,7 @@ from streams.reader import read_deliveries
 from tests.chaos.fleet import converged, engines, not_active, probe, scrape, served
 from tests.chaos.invariants import Entry, Proc
 from tests.chaos.load import SPECS, LoadGen, Outcome, reference_texts, run_one
-from tests.localcluster import Harness, cluster_config, running_cluster
+from tests.localcluster import Harness, cluster_config, running_cluster, tmpfs
 
 log = logging.getLogger(__name__)
 
@@ -81,10 +81,15 @@ class ChaosCluster:
 
     refs: dict[str, str] = {}  # reference texts: a property of the engines, not of one cluster
 
-    def __init__(self, base: Path, *, coordinators: int = 2, max_age: float | None = None) -> None:
+    def __init__(
+        self, base: Path, *, coordinators: int = 2, max_age: float | None = None, disk: int | None = None
+    ) -> None:
         self.base = base
         self.coordinators = coordinators
         self.max_age = max_age
+        # The NATS store on a tmpfs of this many bytes (the disk-full scenario; root only), and
+        # every process journaling its acks there beside it (`motor events acked`).
+        self.disk = disk
         self.cfg = chaos_config(max_age)
         self._stack: AsyncExitStack | None = None
         self._h: Harness | None = None
@@ -118,15 +123,21 @@ class ChaosCluster:
         """Start a fresh cluster and wait until it serves; record reference texts once."""
         self.generation += 1
         stack = AsyncExitStack()
+        root = self.base / f"cluster-{self.generation}"
+        env: dict[str, str] = {}
+        if self.disk is not None:
+            stack.enter_context(tmpfs(root / "nats", self.disk))  # unmounted after the cluster stopped
+            env["MOTOR_ACK_JOURNAL"] = str(self.acks)
         self._h = await stack.enter_async_context(
             running_cluster(
-                self.base / f"cluster-{self.generation}",
+                root,
                 self.cfg,
                 nodes=3,
                 ready="one ACTIVE instance per role",
                 ready_pred=converged,
                 coordinators=self.coordinators,
                 supervise=True,
+                extra_env=env,
             )
         )
         self._admin = await connect(self._h.cluster.client_options("admin"), name="chaos-admin")
@@ -135,6 +146,19 @@ class ChaosCluster:
         await self.wait_serving(90)
         if not ChaosCluster.refs:
             ChaosCluster.refs = await reference_texts(self.base_url)
+
+    @property
+    def acks(self) -> Path:
+        """Where the processes journal their acks (with `disk`)."""
+        return self.base / f"cluster-{self.generation}" / "acks"
+
+    async def ack_audit(self) -> tuple[dict[str, Any] | None, str]:
+        """What `motor events acked --json` says of every process's acks."""
+        out = await self.motor("events", "acked", str(self.acks), "--json")
+        try:
+            return orjson.loads(out.stdout), ""
+        except orjson.JSONDecodeError:
+            return None, (out.stderr or out.stdout).strip()[-300:]
 
     async def stop(self) -> None:
         if self._stack is not None:

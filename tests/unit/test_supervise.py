@@ -57,6 +57,17 @@ def test_backoff_doubles_caps_and_resets_after_a_stable_run(
             "silent 3.1 s): killed to take it out of the port, a fresh one follows; if this "
             "repeats, its log says what it was doing",
         ),
+        (
+            Notice("nats-server", "wedged", None, 0.0, 0, detail="its store cannot be written: no space"),
+            "nats-server is wedged (its store cannot be written: no space): killed, a fresh one follows "
+            "on the same store; if this repeats, see its log and the disk under its store",
+        ),
+        (
+            Notice(
+                "nats-server", "stuck", None, 0.0, 0, detail="cannot write its store (…): free disk space"
+            ),
+            "nats-server cannot write its store (…): free disk space",
+        ),
     ],
 )
 def test_notice_lines(notice: Notice, line: str) -> None:
