@@ -19,7 +19,7 @@ from typing import Any
 
 from coordinator.adapters import adapter_for
 from coordinator.choose import Chooser
-from coordinator.endpoint import Candidate, Endpoint, Incarnation, Plan
+from coordinator.endpoint import Candidate, Incarnation, Plan
 from coordinator.faultlog import FaultLog
 from coordinator.metrics import CoordinatorMetrics
 from coordinator.plan import why_not
@@ -115,13 +115,31 @@ class Attempts:
                 filt.made += 1
                 at = Attempt(self.legs, d, body, raw, filt.made, prefill=cand.prefill, resuming=resuming)
                 if d.trace is not None:
-                    Recorder.attempt(d.trace, at.number, at.rid, cand, self._among(ask.model), filt.excluded)
+                    Recorder.attempt(d.trace, at, cand, self.table.routable(), filt.excluded)
+                h = self.hedger
                 try:
-                    if self.hedger is None:
+                    if h is None:
                         with cand.ep.busy:
                             await self.attempt(at, cand)
-                    else:
-                        await self.hedged(at, cand, plan, info, filt)
+                        return
+                    at.ctx = (plan, info, filt, cand)
+                    h.watch(at, cand.ep)
+                    try:
+                        with cand.ep.busy:
+                            await self.attempt(at, cand)
+                    except Retry as r:
+                        if at.race is None or at.race.task is None or at.race.winner is at:
+                            raise
+                        await self.carry_on(at, r, filt)  # it failed, or lost: the hedge goes on
+                    except BaseException:
+                        race = at.race
+                        if race is not None and race.task is not None:
+                            race.task.cancel()  # the client went away, or `at` answered and broke
+                        raise
+                    finally:
+                        h.ended(at)
+                        if at.race is not None and at.race.task is not None:
+                            self.legs.keep(at.race.task)  # a hedge that failed unawaited is only logged
                     return
                 except Retry as r:
                     if r.ep is not None:
@@ -149,31 +167,9 @@ class Attempts:
                 self.fail(d, filt, last, resuming, attempts=filt.made)
                 return
 
-    async def hedged(self, at: Attempt, cand: Candidate, plan: Plan, info: RequestInfo, filt: Filter) -> None:
-        """`at` on `cand`, hedged on another candidate if its first byte is late (`hedge.py`):
-        returns or raises as the attempt that carried the request did."""
-        h = self.hedger
-        assert h is not None
-        at.ctx = (plan, info, filt, cand)
-        h.watch(at, cand.ep)
-        try:
-            with cand.ep.busy:
-                await self.attempt(at, cand)
-            return
-        except Retry as r:
-            race = at.race
-            if race is None or race.task is None or race.winner is at:
-                raise
-            failed, task = r, race.task  # it failed, or lost to its hedge: the hedge carries on
-        except BaseException:
-            race = at.race
-            if race is not None and race.task is not None:
-                race.task.cancel()  # the client went away, or `at` answered and broke
-            raise
-        finally:
-            h.ended(at)
-            if at.race is not None and at.race.task is not None:
-                self.legs.keep(at.race.task)  # a hedge that failed unawaited is only logged
+    async def carry_on(self, at: Attempt, failed: Retry, filt: Filter) -> None:
+        """`at` failed or lost to its hedge (`hedge.py`): the hedge carries the request, and
+        this returns or raises as it does."""
         if failed.ep is not None:
             filt.exclude(failed.ep.key)
         lost = failed.cause is not None and failed.cause.lost
@@ -182,7 +178,9 @@ class Attempts:
         if at.d.trace is not None:
             what = "lost" if lost else f"retry:{failed.kind}"
             Recorder.outcome(at.d.trace, failed.ep.key if failed.ep else None, what, failed.reason)
-        await task
+        race = at.race
+        assert race is not None and race.task is not None
+        await race.task
 
     def _hedge(self, at: Attempt) -> tuple[Attempt, Candidate] | None:
         """The hedge of `at`: an attempt on a candidate that shares none of its endpoints."""
@@ -200,13 +198,8 @@ class Attempts:
         )
         hedge.ctx = (plan, info, filt, other)
         if at.d.trace is not None:
-            among = self._among(at.ask.model)
-            Recorder.attempt(at.d.trace, hedge.number, hedge.rid, other, among, skip, hedge=True)
+            Recorder.attempt(at.d.trace, hedge, other, self.table.routable(), skip, hedge=True)
         return hedge, other
-
-    def _among(self, model: str | None) -> list[Endpoint]:
-        """The routable endpoints an attempt for `model` is chosen among (for its record)."""
-        return [e for e in self.table.routable() if model is None or e.model == model]
 
     async def _run_hedge(self, hedge: Attempt, cand: Candidate) -> None:
         """A hedge, beside the attempt it races (in a task of its own)."""

@@ -21,42 +21,26 @@ log = logging.getLogger(__name__)
 class Exchanges:
     """The live exchanges of one pool (added by `Upstreams.open`, dropped by `ended`)."""
 
-    __slots__ = ("by_key", "by_rid")
+    __slots__ = ("by_key",)
 
     def __init__(self) -> None:
         self.by_key: dict[str, set[UpstreamConn]] = {}
-        self.by_rid: dict[str, list[UpstreamConn]] = {}
 
     def started(self, conn: UpstreamConn, key: str, rid: str) -> None:
         """`conn` carries request `rid` to endpoint `key` from now on."""
         conn.ep_key, conn.rid = key, rid
         live = self.by_key.get(key)
         if live is None:
-            live = self.by_key[key] = set()
-        live.add(conn)
-        same = self.by_rid.get(rid)
-        if same is None:
-            self.by_rid[rid] = [conn]
+            self.by_key[key] = {conn}
         else:
-            same.append(conn)
+            live.add(conn)
 
     def ended(self, conn: UpstreamConn) -> None:
         """`conn`'s exchange is over (released, closed or failed)."""
-        key, rid = conn.ep_key, conn.rid
+        live = self.by_key.get(conn.ep_key)  # type: ignore[arg-type]  # set: the caller checked
         conn.ep_key = None
-        if key is None:
-            return
-        live = self.by_key.get(key)
         if live is not None:
             live.discard(conn)
-            if not live:
-                del self.by_key[key]
-        same = self.by_rid.get(rid)
-        if same is not None:
-            if conn in same:
-                same.remove(conn)
-            if not same:
-                del self.by_rid[rid]
 
     def on(self, key: str) -> int:
         """How many exchanges are under way on endpoint `key`."""
@@ -75,11 +59,9 @@ class Exchanges:
 
     def lose(self, rid: str) -> int:
         """A hedge answered first: end every exchange of the attempt `rid` it raced (each
-        attempt has its own engine request id). Returns how many."""
-        same = self.by_rid.get(rid)
-        if not same:
-            return 0
-        conns = list(same)
+        attempt has its own engine request id). Returns how many. A look at every live
+        exchange: it happens once per hedge won, not per request."""
+        conns = [c for live in self.by_key.values() for c in live if c.rid == rid]
         for conn in conns:
             conn.depart(f"{conn.ep_key}: a hedge of this request answered first", lost=True)
         return len(conns)

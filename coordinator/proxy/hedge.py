@@ -85,7 +85,7 @@ class Hedger:
         *,
         lose: Callable[[str], int],
         metrics: CoordinatorMetrics | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = time.perf_counter,  # an attempt's `t0` is on it
     ) -> None:
         self.cfg = cfg
         self.lose = lose  # ends every exchange of an attempt (`Exchanges.lose`)
@@ -99,22 +99,27 @@ class Hedger:
         self._sweeper: asyncio.TimerHandle | None = None
 
     def watch(self, at: Attempt, ep: Endpoint) -> None:
-        """Hedge `at` (on candidate endpoint `ep`) if it has no first byte in time."""
-        at.t0 = now = self.clock()
+        """Hedge `at` (on candidate endpoint `ep`, begun at `at.t0` on this clock) if it has
+        no first byte in time."""
         at.hedger = self
-        if not self.cfg.enabled:
+        cfg = self.cfg
+        if not cfg.enabled:
             return
-        delay = hedge_delay(self.cfg, ep.ttft, self.first_token_timeout)
-        if delay is None:
+        ttft = ep.ttft  # `hedge_delay`, inline: this is every request's
+        delay = cfg.factor * ttft if ttft > 0 else self.first_token_timeout / 2
+        if delay < cfg.min_delay:
+            delay = cfg.min_delay
+        if delay >= self.first_token_timeout:
             return
-        self.due[at] = now + delay
+        self.due[at] = at.t0 + delay
         if self._sweeper is None:
             self._sweeper = asyncio.get_running_loop().call_later(SWEEP, self._sweep)
 
     def claim(self, at: Attempt, ep: Endpoint) -> bool:
         """`at`'s client-facing leg (on `ep`) has its answer: whether it is the client's."""
         self.due.pop(at, None)
-        observe_ttft(ep, self.clock() - at.t0)
+        took = self.clock() - at.t0
+        ep.ttft = took if ep.ttft <= 0 else ep.ttft + EWMA * (took - ep.ttft)  # `observe_ttft`, inline
         race = at.race
         if race is None:
             return True
@@ -134,10 +139,14 @@ class Hedger:
         return True
 
     def ended(self, at: Attempt) -> None:
-        """`at` ended without claiming (failed, or cancelled)."""
-        self.due.pop(at, None)
+        """`at` ended (it claimed, failed or was cancelled)."""
         race = at.race
-        if race is not None and race.winner is None and at is race.hedge:
+        if race is None:
+            if at in self.due:  # it failed before its first byte (a claim took it out)
+                del self.due[at]
+            return
+        self.due.pop(at, None)
+        if race.winner is None and at is race.hedge:
             race.winner = race.first  # the hedge failed first: the first attempt goes on alone
             self.racing -= 1
 

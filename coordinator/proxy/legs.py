@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Coroutine
+from time import perf_counter
 from typing import Any
 
 from coordinator.breaker import Breakers
@@ -87,7 +88,8 @@ class Legs:
                 self.upstream_failed(ep, None)
                 raise Retry(f"{ep.key} answered HTTP {up.status}", up.status, data, ep=ep)
             br.success(ep.key)
-            if not at.claim(ep):
+            h = at.hedger  # `at.claim(ep)`, inline: this is every request's
+            if h is not None and not h.claim(at, ep):
                 up.close()  # a hedge of this request answered first: this answer goes nowhere
                 raise Retry(f"{ep.key}: a hedge of this request answered first", ep=ep, cause=LOST)
             if at.resuming is not None:
@@ -163,7 +165,7 @@ class Attempt:
         # and what the attempt loop needs to make a hedge of it.
         self.hedger: Hedger | None = None
         self.race: Race | None = None
-        self.t0 = 0.0
+        self.t0 = perf_counter()  # when it began (the hedger's clock, and its record's)
         self.ctx: Any = None
 
     def claim(self, ep: Endpoint) -> bool:

@@ -41,11 +41,7 @@ class UpstreamPool:
         self.inter_token_timeout: float | None = None
         self.streaming: dict[UpstreamConn, list[float]] = {}
         self._stall_sweeper: asyncio.TimerHandle | None = None
-        self.exchanges = Exchanges()  # every exchange under way, by endpoint and request id
-
-    def ended(self, conn: UpstreamConn) -> None:
-        """`conn`'s exchange is over."""
-        self.exchanges.ended(conn)
+        self.exchanges = Exchanges()  # every exchange under way, by endpoint
 
     def watch_stall(self, conn: UpstreamConn) -> None:
         """Fail `conn`'s stream if it goes silent for the inter-token timeout (if one is set)."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 import random
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from coordinator.endpoint import Candidate, Endpoint
@@ -48,13 +48,13 @@ class Step:
     )
 
     def __init__(
-        self, number: int, rid: str, cand: Candidate, loads: tuple[tuple[str, str, int], ...],
+        self, number: int, rid: str, cand: Candidate, loads: list[tuple[Endpoint, int]],
         excluded: tuple[str, ...], started: float, hedge: bool,
     ) -> None:  # fmt: skip
         self.number = number
         self.rid = rid
         self.cand = cand
-        self.loads = loads
+        self.loads = loads  # the model's routable endpoints then, with their loads then
         self.excluded = excluded
         self.started = started
         self.hedge = hedge
@@ -71,7 +71,7 @@ class Step:
             prefill=c.prefill.key if c.prefill is not None else None,
             capability=c.capability,
             hedge=self.hedge,
-            candidates=tuple(CandidateLoad(endpoint=k, role=r, load=n) for k, r, n in self.loads),
+            candidates=tuple(CandidateLoad(endpoint=e.key, role=e.role.value, load=n) for e, n in self.loads),
             excluded=self.excluded,
             started_ms=round((self.started - t0) * 1000, 3),
             ended_ms=round((self.ended - t0) * 1000, 3) if self.ended is not None else None,
@@ -83,8 +83,8 @@ class Step:
 class Trace:
     """One request's routing, as it happens."""
 
-    __slots__ = ("client_id", "ended", "log_seq", "model", "root", "route", "status", "steps", "stream", "t0",
-                 "took", "ttft", "wall")  # fmt: skip
+    __slots__ = ("client_id", "ended", "flags", "log_seq", "model", "root", "route", "status", "steps", "stream",
+                 "t0", "took", "ttft")  # fmt: skip
 
     def __init__(
         self, root: str, client_id: str | None, route: str, model: str | None, stream: bool, log_seq: int, t0: float
@@ -96,34 +96,31 @@ class Trace:
         self.stream = stream
         self.log_seq = log_seq
         self.t0 = t0  # perf_counter, as the request's own
-        self.wall = time.time()
         self.steps: list[Step] = []
         self.status = 0
         self.took = 0.0
         self.ttft: float | None = None
         self.ended = ""
+        self.flags = 0  # RETRIED | CONTINUED | HEDGED, as attempts are noted
 
     def why(self, slow: float) -> list[str]:
         """What makes this request worth a record in MOTOR_REQ (empty: an ordinary one)."""
         out: list[str] = []
-        outcomes = [s.outcome for s in self.steps]
         if self.status == 0 or self.status >= 500 or self.ended.startswith("cut"):
             out.append("failed" if self.status != 0 or self.ended else "cancelled")
-        if any(o.startswith("retry") for o in outcomes):
-            out.append("retried")
-        if any(o.startswith("broken") for o in outcomes):
-            out.append("continued")
-        if any(s.hedge for s in self.steps):
-            out.append("hedged")
+        flags = self.flags
+        if flags:
+            out += [name for bit, name in _FLAGS if flags & bit]
         if self.took >= slow:
             out.append("slow")
         return out
 
     def record(self, coordinator: str, why: list[str]) -> RequestRecorded:
         steps = self.steps[-MAX_ATTEMPTS:]
+        now = time.time()
         return RequestRecorded(
             id=new_id(),
-            ts=time.time(),
+            ts=now,
             source=f"coordinator/{coordinator}",
             data=RequestRecordData(
                 coordinator=coordinator,
@@ -133,7 +130,7 @@ class Trace:
                 model=self.model,
                 stream=self.stream,
                 log_seq=self.log_seq,
-                started=self.wall,
+                started=max(0.0, now - (time.perf_counter() - self.t0)),
                 took_ms=round(self.took * 1000, 3),
                 ttft_ms=round(self.ttft * 1000, 3) if self.ttft is not None else None,
                 status=self.status,
@@ -142,6 +139,10 @@ class Trace:
                 ended=self.ended,
             ),
         )
+
+
+RETRIED, CONTINUED, HEDGED = 1, 2, 4
+_FLAGS = ((RETRIED, "retried"), (CONTINUED, "continued"), (HEDGED, "hedged"))
 
 
 class Recorder:
@@ -184,14 +185,22 @@ class Recorder:
 
     @staticmethod
     def attempt(
-        t: Trace, number: int, rid: str, cand: Candidate, among: Collection[Endpoint], excluded: Collection[str],
+        t: Trace, at: Any, cand: Candidate, routable: Sequence[Endpoint], excluded: Collection[str],
         *, hedge: bool = False,
     ) -> None:  # fmt: skip
-        """Note an attempt on `cand`, chosen among `among` (with their loads now)."""
-        loads = tuple(
-            (e.key, e.role.value, e.load) for e, _ in zip(among, range(MAX_CANDIDATES), strict=False)
+        """Note attempt `at` on `cand`, chosen among the model's endpoints of `routable` (with
+        their loads now)."""
+        model = t.model
+        loads = [
+            (e, e.running + e.waiting + e.inflight) for e in routable if model is None or e.model == model
+        ]
+        if len(loads) > MAX_CANDIDATES:
+            del loads[MAX_CANDIDATES:]
+        if hedge:
+            t.flags |= HEDGED
+        t.steps.append(
+            Step(at.number, at.rid, cand, loads, tuple(sorted(excluded)) if excluded else (), at.t0, hedge)
         )
-        t.steps.append(Step(number, rid, cand, loads, tuple(sorted(excluded)), time.perf_counter(), hedge))
 
     @staticmethod
     def outcome(t: Trace, key: str | None, outcome: str, detail: str = "") -> None:
@@ -202,23 +211,28 @@ class Recorder:
                 key is None or c.ep.key == key or (c.prefill is not None and c.prefill.key == key)
             ):
                 s.outcome, s.detail, s.ended = outcome, detail, time.perf_counter()
+                if outcome.startswith("retry"):
+                    t.flags |= RETRIED
+                elif outcome.startswith("broken"):
+                    t.flags |= CONTINUED
                 return
 
     def end(self, t: Trace, status: int, ttft: float | None, ended: str) -> None:
         """The request is over: its record goes to MOTOR_REQ if it is worth one."""
         t.status, t.ttft, t.ended = status, ttft, ended
-        t.took = time.perf_counter() - t.t0
+        now = time.perf_counter()
+        t.took = now - t.t0
         for s in t.steps:
             if not s.outcome:
-                s.outcome, s.ended = (
-                    ("answered" if status and status < 500 else "cancelled"),
-                    time.perf_counter(),
-                )
+                s.outcome, s.ended = ("answered" if status and status < 500 else "cancelled"), now
         if self.post is None:
             return
-        why = t.why(self.slow)
-        if not why and self.sample > 0 and self.rng.random() < self.sample:
+        if t.flags or not 0 < status < 500 or t.took >= self.slow or ended[:3] == "cut":
+            why = t.why(self.slow)
+        elif self.sample > 0 and self.rng.random() < self.sample:
             why = ["sampled"]
+        else:
+            return  # an ordinary request: the ring has it
         if why:
             self.written += 1
             self.post(t.record(self.coordinator, why))

@@ -26,9 +26,8 @@ class UpstreamError(Exception):
     """An exchange with an engine failed; `got_bytes` tells whether any response byte arrived,
     `timeout` that the engine went silent (before its first byte, or mid-stream: `stalled`).
 
-    Two endings are the coordinator's own, not the engine's: `left`, the endpoint left routing
-    while the exchange waited on it (`Exchanges.leave`), and `lost`, a hedge of the same
-    request answered first (`Exchanges.lose`). Neither is charged to the circuit."""
+    Two endings are the coordinator's own, charged to no circuit: `left`, the endpoint left
+    routing (`Exchanges.leave`), and `lost`, a hedge answered first (`Exchanges.lose`)."""
 
     def __init__(
         self, message: str, *, got_bytes: bool = False, timeout: bool = False, stalled: bool = False,
@@ -58,6 +57,10 @@ def _nodelay(transport: asyncio.BaseTransport) -> None:
             pass
 
 
+class Registry(Protocol):  # where a connection's exchange is known while it lasts
+    def ended(self, conn: UpstreamConn) -> None: ...
+
+
 class Home(Protocol):
     """What a connection needs of the pool it belongs to (`pool.UpstreamPool`): a place to go
     back to when idle, and the sweeps that time its exchange out."""
@@ -75,7 +78,8 @@ class Home(Protocol):
 
     def watch_stall(self, conn: UpstreamConn) -> None: ...
 
-    def ended(self, conn: UpstreamConn) -> None: ...
+    @property
+    def exchanges(self) -> Registry: ...  # every exchange under way (`proxy.exchanges.Exchanges`)
 
 
 class UpstreamConn(asyncio.Protocol):
@@ -89,10 +93,8 @@ class UpstreamConn(asyncio.Protocol):
         self.parser = httptools.HttpResponseParser(self)
         self.closed = False
         self.reused = False
-        # The exchange under way, while the pool's `Exchanges` knows it: its endpoint's key
-        # and its engine request id (set by `Upstreams.open`, cleared by `pool.ended`).
-        self.ep_key: str | None = None
-        self.rid = ""
+        self.ep_key: str | None = None  # the exchange under way's endpoint (`Exchanges`), and
+        self.rid = ""  # its engine request id
         self._reset()
 
     def _reset(self) -> None:
@@ -304,7 +306,7 @@ class UpstreamConn(asyncio.Protocol):
     def release(self) -> None:
         """Return the connection to the pool if reusable, otherwise close it."""
         if self.ep_key is not None:
-            self.pool.ended(self)
+            self.pool.exchanges.ended(self)
         if self.stall_watched:
             self._unwatch_stall()
         self.forward = None
@@ -319,7 +321,7 @@ class UpstreamConn(asyncio.Protocol):
     def close(self) -> None:
         """Close for good (a client abort: the engine sees the disconnect and stops)."""
         if self.ep_key is not None:
-            self.pool.ended(self)
+            self.pool.exchanges.ended(self)
         self._unwatch()
         if self.stall_watched:
             self._unwatch_stall()
@@ -364,8 +366,7 @@ class UpstreamConn(asyncio.Protocol):
             )
 
     def depart(self, message: str, *, left: bool = False, lost: bool = False) -> None:
-        """End the exchange for a reason of the coordinator's (`left`, `lost`) as if the engine
-        had failed; the cut connection is vLLM's and the builtin engine's abort."""
+        """End the exchange for a reason of the coordinator's as if the engine had failed."""
         if self.complete or self.waiter is None:
             return
         if self.error is None:
@@ -383,7 +384,7 @@ class UpstreamConn(asyncio.Protocol):
         if self.error is None:
             self.error = UpstreamError(message, got_bytes=self.got_bytes, timeout=timeout, stalled=stalled)
         if self.ep_key is not None:
-            self.pool.ended(self)
+            self.pool.exchanges.ended(self)
         self._unwatch()
         if self.stall_watched:
             self._unwatch_stall()
