@@ -47,6 +47,7 @@ class CoordinatorContext:
     log: LogPosition | None = None  # the fold of the log feeding `apply` (coordinator.feed)
     # The proxy's per-request routing records (`proxy.record.Recorder`: `find(id)`), once built.
     recorder: Any = None
+    draining: bool = False  # going away (SIGTERM): not ready, taking no new connection
 
     def __post_init__(self) -> None:
         self.metrics.bind_table(self.table, self.caught_up.is_set)
@@ -67,6 +68,8 @@ class CoordinatorContext:
         Once caught up, a lost log does not make the coordinator unready: it serves from its
         table while the new log is folded on top (coordinator.feed).
         """
+        if self.draining:
+            return False, "draining: this replica is going away and takes no new request"
         held = self.caught_up.is_set() or (self.log is not None and self.log.caught_up_once)
         if not held:
             return False, "replaying the event log"

@@ -280,6 +280,22 @@ class CoordinatorService:
             log.info("coordinator management API on http://%s:%d", self.host, self.mgmt_server.port)
         ctx.metrics.registry.register(http)
 
+    async def drain(self) -> None:
+        """Go away gracefully: not ready from now on, no new connection, every request under
+        way answered (for at most `drain_timeout`), then `stop`."""
+        within = self.settings.drain_timeout
+        if self.ctx is not None:
+            self.ctx.draining = True
+        if self.server is not None and within > 0:
+            busy = sum(1 for c in self.server.conns if c.busy())
+            log.info("draining: %d request(s) under way, for at most %g s", busy, within)
+            cut = await self.server.drain(within)
+            if cut:
+                log.warning("drained for %g s: %d connection(s) still busy were cut", within, cut)
+            else:
+                log.info("drained: every request under way was answered")
+        await self.stop()
+
     async def stop(self) -> None:
         """Stop listening, stop following, close NATS."""
         if self.server is not None:
@@ -312,5 +328,7 @@ async def run(service: CoordinatorService, stop: asyncio.Event) -> None:
     gc.freeze()
     try:
         await stop.wait()
-    finally:
+    except BaseException:
         await service.stop()
+        raise
+    await service.drain()

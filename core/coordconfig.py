@@ -94,6 +94,9 @@ class CoordinatorConfig(Strict):
     # path and are generated again. None: every whole answer takes the plain path.
     continue_whole_from_tokens: int | None = Field(32, ge=1)
     request_timeout: float = Field(600.0, gt=0)
+    # On SIGTERM a replica stops accepting, says not-ready and answers what it carries for at
+    # most this long before it cuts the rest (0: it stops at once).
+    drain_timeout: float = Field(30.0, ge=0)
     policy: PolicyConfig = PolicyConfig()
     rate_limit: RateLimitConfig = RateLimitConfig()
     breaker: BreakerConfig = BreakerConfig()

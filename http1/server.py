@@ -27,12 +27,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
-from core.coordconfig import HttpLimitsConfig
 from http1 import wire
 from http1.auth import AUTHENTICATE, Denial, Pass
 from http1.conn import LimitedProtocol, Watchdog
@@ -99,6 +97,7 @@ class ClientConn(LimitedProtocol):
         self._body_len = 0
         self._too_large = False
         self._anonymous = False  # the current request passed its head check without a key
+        self.draining = False  # the server is going away: no request after the one under way
 
     # ------------------------------------------------------------------ transport
 
@@ -209,7 +208,7 @@ class ClientConn(LimitedProtocol):
             self.head.url,
             self._headers,
             body,
-            parser.should_keep_alive(),
+            parser.should_keep_alive() and not self.draining,  # its answer says `close`
             self._too_large,
             self.normalize_paths,
         )
@@ -256,7 +255,7 @@ class ClientConn(LimitedProtocol):
         """`req` is answered: the next queued request, or None (closed, or idle from now)."""
         if self.closed:
             return None
-        if not req.keep_alive:
+        if not req.keep_alive or self.draining:
             self.close()
             return None
         if self.queue:
@@ -320,80 +319,3 @@ class ClientConn(LimitedProtocol):
 
 def _anonymous_too_large() -> str:
     return f"a request without a key may carry {ANONYMOUS_MAX_BODY} body bytes at most"
-
-
-class Server:
-    """Owns the listening socket, its connections' watchdog (cap, timeouts) and the handler."""
-
-    def __init__(
-        self,
-        handler: Handler,
-        *,
-        error_body: ErrorBody,
-        max_body: int,
-        limits: HttpLimitsConfig | None = None,
-        fds_per_conn: int = 1,
-        normalize_paths: bool = True,
-        head_check: HeadCheck | None = None,
-    ) -> None:
-        self.handler = handler
-        self.head_check = head_check  # see the module's docstring
-        self.error_body = error_body
-        self.max_body = max_body
-        self.normalize_paths = normalize_paths  # `Request.path` normalised (see there)
-        self.limits = limits or HttpLimitsConfig()
-        self.fds_per_conn = fds_per_conn  # descriptors a client connection may hold (for the cap)
-        self.watchdog: Watchdog | None = None
-        self.server: asyncio.Server | None = None
-
-    @property
-    def conns(self) -> set[LimitedProtocol]:
-        """The open client connections."""
-        return self.watchdog.conns if self.watchdog is not None else set()
-
-    async def start(
-        self, host: str, port: int, *, sock: socket.socket | None = None, reuse_port: bool = False
-    ) -> None:
-        """Listen on host:port (port 0 picks a free one), or on an already bound socket;
-        `reuse_port` shares the port with other processes (coordinator replicas)."""
-        loop = asyncio.get_running_loop()
-        watchdog = self.watchdog = Watchdog(self.limits, loop, fds_per_conn=self.fds_per_conn)
-        handler, max_body, error_body, normalize, head_check = (
-            self.handler,
-            self.max_body,
-            self.error_body,
-            self.normalize_paths,
-            self.head_check,
-        )
-
-        def factory() -> ClientConn:
-            return ClientConn(
-                handler,
-                watchdog,
-                max_body=max_body,
-                error_body=error_body,
-                normalize_paths=normalize,
-                head_check=head_check,
-            )
-
-        if sock is not None:
-            self.server = await loop.create_server(factory, sock=sock, backlog=2048)
-        else:
-            self.server = await loop.create_server(
-                factory, host, port, backlog=2048, reuse_address=True, reuse_port=reuse_port or None
-            )
-
-    @property
-    def port(self) -> int:
-        """The port it listens on."""
-        assert self.server is not None
-        return int(self.server.sockets[0].getsockname()[1])
-
-    async def stop(self) -> None:
-        """Stop listening and close every client connection."""
-        if self.server is not None:
-            self.server.close()
-        if self.watchdog is not None:
-            self.watchdog.close_all()
-        if self.server is not None:
-            await self.server.wait_closed()

@@ -17,9 +17,9 @@ from typing import Any
 
 import orjson
 
+from http1.listen import Server
 from http1.metrics import HttpCollector
 from http1.request import Request
-from http1.server import Server
 from simengine.bootstrap import BootstrapClient, RoomRegistry
 from simengine.embeddings import embeddings_body
 from simengine.engine import Engine

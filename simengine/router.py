@@ -20,9 +20,10 @@ import orjson
 
 from core.coordconfig import HttpLimitsConfig
 from core.http_errors import engine_error
+from http1.listen import Server
 from http1.metrics import HttpCollector
 from http1.request import Request
-from http1.server import ClientConn, Server
+from http1.server import ClientConn
 
 MAX_BODY = 64 * 1024 * 1024
 

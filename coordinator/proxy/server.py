@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from coordinator.errors import error_for_path
 from core.coordconfig import HttpLimitsConfig
-from http1.server import Handler, HeadCheck, Server
+from http1.listen import Server
+from http1.server import Handler, HeadCheck
 
 
 class ProxyServer(Server):

@@ -16,8 +16,9 @@ import pytest
 
 from core.coordconfig import HttpLimitsConfig
 from http1.auth import Access, Denial, Guard, Pass
+from http1.listen import Server
 from http1.request import Request
-from http1.server import ClientConn, Server
+from http1.server import ClientConn
 from simengine.router import Router, json_response, start_server
 from tests.integration.rawhttp import closed_within, read_replies, read_reply, request
 

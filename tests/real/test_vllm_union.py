@@ -170,6 +170,54 @@ async def test_seed003_routes_vllm_serves_pass_through_the_coordinator(union: Re
             assert r.status != 501 and "route_not_supported" not in await r.text()
 
 
+async def test_vllms_tool_call_and_logprob_streams_are_not_continued(union: RealCluster) -> None:
+    """Continuation fidelity against vLLM's own chunk shapes: a stream of a named tool call
+    (guided by vLLM's structured outputs) carries `tool_calls` deltas, which the coordinator's
+    fold sees, so such a stream would end with an error event rather than be continued with a
+    seam; a logprobs stream is refused by its body; a plain stream is continuable."""
+    import aiohttp
+
+    from coordinator.proxy.continuation import ProgressFold, not_continuable
+
+    engine = f"http://127.0.0.1:{union.engine_port(Role.UNION)}"
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
+        },
+    }
+    common = {"model": "tiny", "messages": CHAT, "max_tokens": 24, "temperature": 0, "stream": True}
+    bodies = {
+        "tools": {
+            **common,
+            "tools": [tool],
+            "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+        },
+        "logprobs": {**common, "logprobs": True, "top_logprobs": 2},
+        "plain": common,
+    }
+    progress = {}
+    async with aiohttp.ClientSession() as s:
+        for name, body in bodies.items():
+            async with s.post(f"{engine}/v1/chat/completions", json=body) as r:
+                raw = await r.read()
+                assert r.status == 200, raw[:500]
+            fold = ProgressFold()
+            fold.feed(raw)
+            progress[name] = fold.result()
+            assert progress[name].clean, (name, raw[-300:])
+    assert progress["tools"].beyond_text == "tool calls"
+    assert "tool calls" in (not_continuable(bodies["tools"], progress["tools"]) or "")
+    assert "'logprobs'" in (not_continuable(bodies["logprobs"], progress["logprobs"]) or "")
+    assert progress["plain"].beyond_text is None and progress["plain"].text
+    assert not_continuable(bodies["plain"], progress["plain"]) is None
+
+
 async def test_kill9_engine_reported_dead_and_restarted(
     union: RealCluster, timings: Timings, reference: dict[str, str]
 ) -> None:

@@ -44,3 +44,13 @@ def test_readiness_follows_whether_the_table_ever_held_the_log(
     if caught_up:
         ctx.caught_up.set()
     assert ctx.readiness() == (ready, reason)
+
+
+def test_a_draining_replica_is_not_ready() -> None:
+    ctx = routed_ctx()
+    ctx.log = Fold(caught_up_once=True)
+    ctx.caught_up.set()
+    assert ctx.readiness() == (True, "")
+    ctx.draining = True  # SIGTERM: a load balancer must send it nothing new
+    ready, reason = ctx.readiness()
+    assert not ready and reason.startswith("draining")
