@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import os
 import random
+import signal
 import socket
 import time
 from collections.abc import AsyncIterator, Callable
@@ -19,7 +20,7 @@ from typing import Any
 from core.config import ClusterConfig, config_from_dict
 from core.events import InstanceState, Role
 from core.state import ClusterState
-from deploy.cluster import LocalCluster
+from deploy.cluster import Child, LocalCluster
 from deploy.clusterplan import NATS_MONITOR_OFFSET, NATS_ROUTE_OFFSET, Ports
 from deploy.watch import StateWatcher
 
@@ -172,6 +173,34 @@ def engine_pid(port: int, word: bytes = b"simengine") -> int:
             if i + 1 < len(argv) and argv[i + 1] == str(port).encode():
                 return int(entry.name)
     raise AssertionError(f"no {word.decode()} process on port {port}")
+
+
+def kill_child(cluster: LocalCluster, name: str, sig: int = signal.SIGKILL) -> None:
+    """Signal the process group of one of the cluster's processes, if it runs (a test's fault)."""
+    c = cluster.child(name)
+    if c.proc is not None and c.proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(c.proc.pid, sig)
+
+
+def restart_child(
+    cluster: LocalCluster,
+    name: str,
+    *,
+    set_args: dict[str, str] | None = None,
+    env: dict[str, str] | None = None,
+) -> Child:
+    """Start one of the cluster's processes again, optionally with some flags changed
+    (`{"--ip": "127.0.0.2"}`) and `env` added to its environment."""
+    c = cluster.child(name)
+    cluster.children.remove(c)
+    argv = list(c.argv)
+    for flag, value in (set_args or {}).items():
+        if flag in argv:
+            argv[argv.index(flag) + 1] = value
+        else:
+            argv += [flag, value]
+    return cluster.spawn(name, argv, env)
 
 
 @contextlib.asynccontextmanager

@@ -25,6 +25,7 @@ from core.config import NatsConfig
 from deploy.cluster import NATS, LocalCluster
 from streams.definitions import MOTOR_STREAM, ensure_streams
 from streams.publisher import MOTOR_TYPE, MSG_ID
+from tests import localcluster
 
 
 def signal_pid(pid: int, sig: int) -> float:
@@ -63,7 +64,7 @@ async def exited(pid: int, within: float) -> bool:
 def kill_child(cluster: LocalCluster, name: str, sig: int = signal.SIGKILL) -> float:
     """Signal one of the cluster's own processes (a controller, coordinator or node agent)."""
     t = time.time()
-    cluster.kill_child(name, sig)
+    localcluster.kill_child(cluster, name, sig)
     return t
 
 
