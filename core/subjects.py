@@ -81,10 +81,6 @@ LEADER = f"{EVT}.controller.leader"
 REFRESH = f"{EVT}.refresh.coordinator"
 
 
-def command(node_id: str, verb: str) -> str:
-    return f"{CMD}.{check_token(node_id, 'node id')}.{check_token(verb, 'verb')}"
-
-
 def node_commands(node_id: str) -> str:
     """Filter for every command addressed to one node."""
     return f"{CMD}.{check_token(node_id, 'node id')}.>"

@@ -26,6 +26,7 @@ from deploy.cluster import NATS, LocalCluster
 from streams.definitions import MOTOR_STREAM, ensure_streams
 from streams.publisher import MOTOR_TYPE, MSG_ID
 from tests import localcluster
+from tests.commands import command_subject
 
 
 def signal_pid(pid: int, sig: int) -> float:
@@ -242,7 +243,7 @@ def poison_messages(kind: str, node_id: str, tag: str) -> list[tuple[str, bytes,
             "master_dp_ip": "127.0.0.1",
         }
         body = _envelope("command.start", data, eid=eid)
-        return [(subjects.command(ghost, "start"), body, {**hdr, MOTOR_TYPE: "command.start"})]
+        return [(command_subject(ghost, "start"), body, {**hdr, MOTOR_TYPE: "command.start"})]
     raise ValueError(f"unknown poison kind {kind!r}")
 
 

@@ -54,7 +54,7 @@ from core.state import ClusterState
 from deploy.eventfmt import stream_rows
 from deploy.natsauth import ClusterAuth, prepare
 from nodeagent.commands import durable_name
-from streams.checkpoint import load_checkpoint, save_checkpoint
+from streams.checkpoint import save_checkpoint
 from streams.connection import NatsOptions, connect
 from streams.credentials import PASSWORD_ENV, USER_ENV
 from streams.definitions import HB_STREAM, LEADER_BUCKET, MOTOR_STREAM, ensure_streams
@@ -62,7 +62,9 @@ from streams.errors import NatsUnavailable, PublishTimeout
 from streams.jetstream import JetStreamLog
 from streams.publisher import Publisher
 from streams.server import EmbeddedNats
+from tests.commands import command_subject
 from tests.follower import Follower
+from tests.integration.checkpoints import load_checkpoint
 from tests.integration.nodeagent_harness import Agent, EventTail, start_command, write_config
 from tests.unit.factories import registered
 
@@ -386,7 +388,7 @@ async def test_the_controller_sends_commands_and_decisions_and_holds_the_lease(
     # The appender's pipelined batch: its acks come to an inbox of the controller's own.
     batch = await pub.publish_batch([command("n1"), instance_state(1)])
     assert all(isinstance(seq, int) and seq > 0 for seq in batch), batch
-    last = await js.get_last_msg(MOTOR_STREAM, subjects.command("n1", "start"))  # the appender's guard
+    last = await js.get_last_msg(MOTOR_STREAM, command_subject("n1", "start"))  # the appender's guard
     assert last.seq > 0
     lease = Lease(JetStreamLog.of(js).kv(LEADER_BUCKET), "c1", ttl=5.0)
     assert await lease.acquire(term=1)

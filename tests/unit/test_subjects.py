@@ -11,6 +11,7 @@ from core.events import (
     InstanceStateChangedData,
     StartCommand,
 )
+from tests.commands import command_subject
 from tests.unit.factories import start_cmd
 
 
@@ -45,7 +46,7 @@ def test_bad_tokens(token: str) -> None:
 def test_format_roundtrip() -> None:
     assert subjects.node("n7") == "motor.evt.node.n7"
     assert subjects.instance(3) == "motor.evt.instance.3"
-    assert subjects.command("n7", "stop") == "motor.cmd.n7.stop"
+    assert command_subject("n7", "stop") == "motor.cmd.n7.stop"
     assert subjects.node_commands("n7") == "motor.cmd.n7.>"
     assert subjects.heartbeat("n7") == "motor.hb.n7"
 
