@@ -54,10 +54,6 @@ def encode(event: EventBase) -> bytes:
     return event.__pydantic_serializer__.to_json(event, exclude_none=False)
 
 
-def to_dict(event: EventBase) -> dict[str, Any]:
-    return event.model_dump(mode="json")
-
-
 def decode(data: bytes | str, subject: str | None = None) -> AnyEvent:
     """Parse and validate one event; upcast old versions; raise a DecodeError subclass.
 
