@@ -96,6 +96,8 @@ class ControllerService:
         self._appender: Appender | None = None
         self._stream_created: str | None = None
         self._event_ts: float | None = None  # ts of the last MOTOR event folded (checkpoint origin)
+        # The instances and faults the gauges were last counted from (`_observe`).
+        self._observed: tuple[object, object] = (None, None)
 
     @property
     def state(self) -> ClusterState:
@@ -339,12 +341,16 @@ class ControllerService:
         if self.log is not None:
             h = self.log.health()
             m.following.set(int(h.connected and h.following))
-        m.instances.clear()
-        for inst in s.instances.values():
-            m.instances.labels(inst.spec.role.value, inst.state.value).inc()
-        m.open_faults.clear()
-        for f in s.faults.values():
-            m.open_faults.labels(f.data.level.value).inc()
+        if s.instances is not self._observed[0] or s.faults is not self._observed[1]:
+            # Rebuilt only when they changed (the maps are immutable, so the same map is the same
+            # content): each tick's rebuild was most of this, for gauges a heartbeat never moves.
+            self._observed = (s.instances, s.faults)
+            m.instances.clear()
+            for inst in s.instances.values():
+                m.instances.labels(inst.spec.role.value, inst.state.value).inc()
+            m.open_faults.clear()
+            for f in s.faults.values():
+                m.open_faults.labels(f.data.level.value).inc()
         m.open_alarms.set(len(s.alarms))
 
 

@@ -19,7 +19,7 @@ to the old one.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 from coordinator.derive import Derived, copy_attrs, derive
@@ -119,11 +119,6 @@ class RoutingTable:
         self._check_due = False
         if self._dirty:
             self._rebuild()  # tells `on_leave` of what stopped being routable
-
-    def apply_all(self, events: Iterable[tuple[int, AnyEvent | EventBase]]) -> None:
-        """Fold `(seq, event)` pairs."""
-        for seq, ev in events:
-            self.apply(ev, seq)
 
     def _ready(self, ev: EndpointStatusChanged, seq: int) -> None:
         """Note which process a READY is about; a new one resets the endpoint's circuit."""

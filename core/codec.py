@@ -15,18 +15,10 @@ from core.events import EVENT_CLASSES, AnyEvent, EventBase
 ADAPTER: TypeAdapter[AnyEvent] = TypeAdapter(AnyEvent)
 
 Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
-# (type, from_version) -> function returning the dict at from_version + 1.
-_UPCASTERS: dict[tuple[str, int], Upcaster] = {}
-
-
-def register_upcaster(event_type: str, from_version: int) -> Callable[[Upcaster], Upcaster]:
-    """Register `fn(dict) -> dict` lifting `event_type` from `from_version` to the next."""
-
-    def deco(fn: Upcaster) -> Upcaster:
-        _UPCASTERS[(event_type, from_version)] = fn
-        return fn
-
-    return deco
+# (type, from_version) -> function returning the dict at from_version + 1. Empty while every
+# event class is at its first schema version: a class whose `SCHEMA_VERSION` goes up adds the
+# function lifting its old shape here, so the reducer only knows the current one.
+UPCASTERS: dict[tuple[str, int], Upcaster] = {}
 
 
 def current_version(event_type: str) -> int:
@@ -48,7 +40,7 @@ def upcast(raw: dict[str, Any]) -> dict[str, Any]:
     if version > target:
         raise NewerSchema(etype, version, target)
     while version < target:
-        fn = _UPCASTERS.get((etype, version))
+        fn = UPCASTERS.get((etype, version))
         if fn is None:
             raise DecodeError(f"no upcaster for {etype!r} from schema_version {version}")
         raw = fn(dict(raw))
@@ -60,10 +52,6 @@ def upcast(raw: dict[str, Any]) -> dict[str, Any]:
 def encode(event: EventBase) -> bytes:
     """Serialize an event to its JSON wire form."""
     return event.__pydantic_serializer__.to_json(event, exclude_none=False)
-
-
-def to_dict(event: EventBase) -> dict[str, Any]:
-    return event.model_dump(mode="json")
 
 
 def decode(data: bytes | str, subject: str | None = None) -> AnyEvent:

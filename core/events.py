@@ -3,7 +3,7 @@
 One envelope `{id, type, ts, source, caused_by, schema_version, data}`; `type` is the
 discriminator of `AnyEvent`. Each class declares its type name, its payload
 (`core.eventdata`) and where it is published (`SUBJECT`, a `core.subjects` placement); the
-reducer's handler is declared with the class it handles (`core.reducer.handles`). Event names
+reducer's handler names the class it handles (`core.handlers.handles`). Event names
 are past tense; commands are imperative (`command.start`, `command.stop`) and travel on
 `motor.cmd.<node>.<verb>`.
 

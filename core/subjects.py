@@ -36,30 +36,6 @@ def event(kind: str, entity: str | int) -> str:
     return f"{EVT}.{check_token(kind, 'kind')}.{check_token(str(entity), 'entity')}"
 
 
-def node(node_id: str) -> str:
-    return event("node", node_id)
-
-
-def endpoint(node_id: str) -> str:
-    return event("endpoint", node_id)
-
-
-def instance(instance_id: int) -> str:
-    return event("instance", instance_id)
-
-
-def fault(node_id: str) -> str:
-    return event("fault", node_id)
-
-
-def precision(d_instance_id: int) -> str:
-    return event("precision", d_instance_id)
-
-
-def snapshot(node_id: str) -> str:
-    return event("snapshot", node_id)
-
-
 def endpoint_entity(node_id: str | None, instance_id: int | None) -> str:
     """The subject entity of a coordinator event about an endpoint: its node, else `ext-<id>`."""
     if node_id is not None:
@@ -67,22 +43,8 @@ def endpoint_entity(node_id: str | None, instance_id: int | None) -> str:
     return f"ext-{instance_id if instance_id is not None else 'unknown'}"
 
 
-def circuit(node_id: str | None, instance_id: int | None = None) -> str:
-    """Where a coordinator says it opened or closed an endpoint's circuit."""
-    return event("circuit", endpoint_entity(node_id, instance_id))
-
-
-def streams(node_id: str | None, instance_id: int | None = None) -> str:
-    """Where a coordinator says what streams on an endpoint went through."""
-    return event("streams", endpoint_entity(node_id, instance_id))
-
-
 LEADER = f"{EVT}.controller.leader"
 REFRESH = f"{EVT}.refresh.coordinator"
-
-
-def command(node_id: str, verb: str) -> str:
-    return f"{CMD}.{check_token(node_id, 'node id')}.{check_token(verb, 'verb')}"
 
 
 def node_commands(node_id: str) -> str:

@@ -21,7 +21,6 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,7 +31,15 @@ import orjson
 
 from core.config import ClusterConfig
 from core.ids import new_id
-from deploy.clusterplan import NodePlan, Ports, fit_replicas, plan_nodes
+from deploy.clusterplan import (
+    NodePlan,
+    Ports,
+    controller_argv,
+    coordinator_argv,
+    fit_replicas,
+    nodeagent_argv,
+    plan_nodes,
+)
 from deploy.hosts import LOCAL, Host
 from deploy.liveness import LivenessRule, probe_dir, probe_unix, remove_probe_sockets
 from deploy.logcap import DEFAULT_LOG_MAX, start_log_cap, stop_log_cap
@@ -202,66 +209,19 @@ class LocalCluster:
             self._nats = nats
             self.auth.write_contexts(self.url)
         await self._ensure_streams()
-        py = [sys.executable, "-m", "deploy.cli"]
         common = ["--config", str(cfg_path), "--nats-url", self.url]
-        ids = ["c1", "c2"] if self.standby else ["c1"]
-        for i, cid in enumerate(ids):
+        for i, cid in enumerate(["c1", "c2"] if self.standby else ["c1"]):
             name = f"controller-{cid}"
-            self._spawn(
-                name,
-                [
-                    *py,
-                    "controller",
-                    *common,
-                    "--id",
-                    cid,
-                    "--host",
-                    self.host_of(name).bind(self.cfg.controller.host),
-                    "--port",
-                    str(self.ports.controller + i),
-                ],
-            )
+            host = self.host_of(name).bind(self.cfg.controller.host)
+            self.spawn(name, controller_argv(common, cid, host, self.ports.controller + i))
         for name in self.coordinator_names():
-            reuse = ["--reuse-port"] if self.coordinators > 1 else []
-            self._spawn(
-                name,
-                [
-                    *py,
-                    "coordinator",
-                    *common,
-                    "--host",
-                    self.host_of(name).bind(self.cfg.coordinator.host),
-                    "--port",
-                    str(self.ports.coordinator),
-                    "--name",
-                    name,
-                    "--probe-socket",
-                    str(self.probe_socket(name)),
-                    *reuse,
-                ],
-            )
+            host = self.host_of(name).bind(self.cfg.coordinator.host)
+            reuse = self.coordinators > 1
+            sock = self.probe_socket(name)
+            self.spawn(name, coordinator_argv(common, name, host, self.ports.coordinator, sock, reuse))
         for plan in self.node_plan():
             name = f"nodeagent-{plan.node_id}"
-            self._spawn(
-                name,
-                [
-                    *py,
-                    "nodeagent",
-                    *common,
-                    "--node-id",
-                    plan.node_id,
-                    "--role",
-                    plan.role.value,
-                    "--ip",
-                    self.host_of(name).ip,
-                    "--port",
-                    str(plan.port),
-                    "--engine-port-base",
-                    str(plan.engine_port_base),
-                    "--log-dir",
-                    str(self.logs),
-                ],
-            )
+            self.spawn(name, nodeagent_argv(common, plan, self.host_of(name).ip, self.logs))
         if self.supervise:
             self._supervise_all()
 
@@ -282,7 +242,9 @@ class LocalCluster:
             return self.auth.options(user, self.url)
         return NatsOptions.from_config(self.cfg.nats, [self.url])
 
-    def _spawn(self, name: str, argv: list[str], extra: dict[str, str] | None = None) -> Child:
+    def spawn(self, name: str, argv: list[str], extra: dict[str, str] | None = None) -> Child:
+        """Start the process `name` (`argv`, with `extra` in its environment), its output appended
+        to its log."""
         log = self.logs / f"{name}.log"
         host = self.host_of(name)
         env = {
@@ -331,7 +293,7 @@ class LocalCluster:
         async def respawn() -> None:
             old = self.child(name)
             self.children.remove(old)
-            self._spawn(name, old.argv, old.env)
+            self.spawn(name, old.argv, old.env)
 
         if name not in self.coordinator_names():
             self.supervisor.watch(Watch(name, current, wait, respawn))
@@ -388,26 +350,6 @@ class LocalCluster:
     def _restartable(self, name: str) -> bool:
         w = self.supervisor.watches.get(name)
         return w is not None and w.supervised and not self.supervisor.stopping
-
-    def kill_child(self, name: str, sig: int = signal.SIGKILL) -> None:
-        c = self.child(name)
-        if c.proc is not None and c.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(c.proc.pid, sig)
-
-    def restart_child(
-        self, name: str, *, set_args: dict[str, str] | None = None, env: dict[str, str] | None = None
-    ) -> Child:
-        """Start a child again, optionally with some flags changed (`{"--ip": "127.0.0.2"}`)."""
-        c = self.child(name)
-        self.children.remove(c)
-        argv = list(c.argv)
-        for flag, value in (set_args or {}).items():
-            if flag in argv:
-                argv[argv.index(flag) + 1] = value
-            else:
-                argv += [flag, value]
-        return self._spawn(name, argv, env)
 
     async def stop(self, grace: float = 10.0) -> int:
         """Stop every process this cluster started, engines included; return how many."""

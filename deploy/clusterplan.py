@@ -1,11 +1,14 @@
 """What `motor up` runs, worked out before anything starts: ports, node agents, replicas.
 
-Pure: the launcher (`deploy.cluster`) asks these and starts what they say.
+Pure: the launcher (`deploy.cluster`) asks these (the node agents, each process's command
+line) and starts what they say.
 """
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 from core.config import ClusterConfig
 from core.events import Role
@@ -14,6 +17,8 @@ MAX_REPLICAS = 5  # JetStream's limit on a stream's replicas
 # NATS's own conventions (4222 clients, 6222 routes, 8222 monitoring), kept for another base.
 NATS_ROUTE_OFFSET = 2000
 NATS_MONITOR_OFFSET = 4000
+# Every process `motor up` starts is a `motor` subcommand of this interpreter.
+MOTOR = [sys.executable, "-m", "deploy.cli"]
 
 
 @dataclass(frozen=True)
@@ -81,3 +86,42 @@ def fit_replicas(cfg: ClusterConfig, servers: int, *, external: bool) -> Cluster
     if want == nats.replicas:
         return cfg
     return cfg.model_copy(update={"nats": nats.model_copy(update={"replicas": want})})
+
+
+# The command line of each process; `common` is what every one is given (`--config`, `--nats-url`).
+
+
+def controller_argv(common: list[str], cid: str, host: str, port: int) -> list[str]:
+    """A controller, `cid` (`c1`, the standby `c2`), its probes on `host:port`."""
+    return [*MOTOR, "controller", *common, "--id", cid, "--host", host, "--port", str(port)]
+
+
+def coordinator_argv(
+    common: list[str], name: str, host: str, port: int, probe_socket: Path, reuse_port: bool
+) -> list[str]:
+    """A coordinator replica on `host:port` (shared with `SO_REUSEPORT` by replicas), answering
+    its liveness probe on `probe_socket`."""
+    argv = [*MOTOR, "coordinator", *common, "--host", host, "--port", str(port), "--name", name]
+    argv += ["--probe-socket", str(probe_socket)]
+    return [*argv, "--reuse-port"] if reuse_port else argv
+
+
+def nodeagent_argv(common: list[str], plan: NodePlan, ip: str, log_dir: Path) -> list[str]:
+    """The node agent of `plan`'s node, reachable at `ip`, its engines' logs under `log_dir`."""
+    return [
+        *MOTOR,
+        "nodeagent",
+        *common,
+        "--node-id",
+        plan.node_id,
+        "--role",
+        plan.role.value,
+        "--ip",
+        ip,
+        "--port",
+        str(plan.port),
+        "--engine-port-base",
+        str(plan.engine_port_base),
+        "--log-dir",
+        str(log_dir),
+    ]

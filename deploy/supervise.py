@@ -5,7 +5,7 @@ seconds starts the next streak from the beginning). `Supervisor` runs one task p
 process: it awaits the exit, waits the backoff and respawns. A deliberate stop (`stop()`)
 restarts nothing; a held process (`hold(name)`) is left alone until released, so a test can
 kill something and bring it back itself; a process replaced while the supervisor waited
-(`restart_child`, a holder's own restart) is followed instead of restarted.
+(a holder's own restart, `LocalCluster.spawn`) is followed instead of restarted.
 
 A watch with a `probe` is also asked whether it answers (`deploy.liveness`): a process that
 stops answering is killed, its exit restarts it as any other. Exits alone miss a process that

@@ -10,7 +10,6 @@ STOPPED come from the process supervisor, never from checks.
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 
 import aiohttp
@@ -93,14 +92,3 @@ async def check(session: aiohttp.ClientSession, url: str, cfg: HealthCheckConfig
         if kind != TIMEOUT:
             return False, detail  # refused or answered with an error: not retried (seed 002)
     return False, f"timed out {cfg.retry_attempts} times ({cfg.timeout:g}s each)"
-
-
-async def wait_healthy(session: aiohttp.ClientSession, url: str, http_timeout: float, within: float) -> bool:
-    """Probe until healthy or `within` seconds passed (adoption check after a restart)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within
-    while True:
-        ok, _ = await probe(session, url, http_timeout)
-        if ok or loop.time() >= deadline:
-            return ok
-        await asyncio.sleep(0.2)

@@ -11,7 +11,6 @@ import html
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
 
 from core.events import (
     CircuitChanged,
@@ -221,8 +220,3 @@ h1 {{ font-size: 18px; margin: 0 0 4px; }}
 {"".join(parts)}
 </body></html>
 """
-
-
-def lane_keys(records: Sequence[Any]) -> list[str]:
-    """The lane keys a timeline of these records draws (for tests and summaries)."""
-    return [ln.key for ln in build_lanes(records)[0]]

@@ -59,11 +59,6 @@ def decode_checkpoint_origin(value: bytes) -> tuple[ClusterState, Origin]:
         raise CorruptCheckpoint(f"unreadable checkpoint: {exc}") from None
 
 
-def decode_checkpoint(value: bytes) -> ClusterState:
-    """The state of a stored checkpoint."""
-    return decode_checkpoint_origin(value)[0]
-
-
 async def save_checkpoint(log: Log, key: str, state: ClusterState, origin: Origin | None = None) -> None:
     """Store `state` (folded up to `state.last_seq`) under `key`."""
     value = encode_checkpoint(state, origin)
@@ -75,12 +70,6 @@ async def save_checkpoint(log: Log, key: str, state: ClusterState, origin: Origi
         raise
     except StreamsError as exc:
         raise CheckpointError(f"cannot save checkpoint {key!r} ({len(value)} bytes): {exc}") from None
-
-
-async def load_checkpoint(log: Log, key: str) -> ClusterState | None:
-    """The last checkpoint under `key`, or None if there is none."""
-    found = await load_checkpoint_origin(log, key)
-    return found[0] if found is not None else None
 
 
 async def load_checkpoint_origin(log: Log, key: str) -> tuple[ClusterState, Origin] | None:

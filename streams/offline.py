@@ -22,7 +22,7 @@ from nats.js import JetStreamContext
 from nats.js.api import PubAck
 from nats.js.errors import APIError
 
-from core.codec import decode, decode_dict
+from core.codec import decode
 from core.errors import DecodeError
 from core.ids import derive_id
 from core.reducer import apply
@@ -175,47 +175,6 @@ def iter_jsonl(path: Path | str) -> Iterator[JsonlRecord]:
             except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
                 raise StreamsError(f"{path}:{no}: not an export line ({exc})") from None
             yield rec
-
-
-def fold_jsonl(
-    path: Path | str,
-    *,
-    until_seq: int | None = None,
-    until_time: float | None = None,
-    state: ClusterState | None = None,
-    stream: str = MOTOR_STREAM,
-) -> tuple[ClusterState, ReplayStats]:
-    """Fold an export's `stream` lines into a state, as `fold_stream` would have."""
-    s = state if state is not None else ClusterState()
-    stats = ReplayStats()
-    after = s.last_seq if state is not None else 0
-    t0 = time.perf_counter()
-    for rec in iter_jsonl(path):
-        if rec.stream != stream or rec.seq <= after:
-            continue
-        if until_seq is not None and rec.seq > until_seq:
-            break
-        if until_time is not None and rec.time is not None and rec.time > until_time:
-            break
-        if not stats.first_seq:
-            stats.first_seq = rec.seq
-        stats.last_seq = rec.seq
-        try:
-            if not isinstance(rec.event, dict):
-                raise DecodeError("event is not a JSON object")
-            ev = decode_dict(rec.event)
-        except DecodeError as exc:
-            stats.skip(stream, rec.seq, rec.subject, reason_for(exc), str(exc))
-            continue
-        try:
-            s = apply(s, ev, rec.seq)
-        except Exception as exc:
-            stats.skip(stream, rec.seq, rec.subject, INAPPLICABLE, f"{type(exc).__name__}: {exc}")
-            continue
-        stats.applied += 1
-    stats.skipped = sum(stats.skip_reasons.values())
-    stats.elapsed = time.perf_counter() - t0
-    return s, stats
 
 
 async def import_jsonl(

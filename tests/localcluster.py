@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import os
 import random
+import signal
 import socket
 import subprocess
 import time
@@ -22,7 +23,7 @@ import pytest
 from core.config import ClusterConfig, config_from_dict
 from core.events import InstanceState, Role
 from core.state import ClusterState
-from deploy.cluster import LocalCluster
+from deploy.cluster import Child, LocalCluster
 from deploy.clusterplan import NATS_MONITOR_OFFSET, NATS_ROUTE_OFFSET, Ports
 from deploy.watch import StateWatcher
 
@@ -193,6 +194,34 @@ def tmpfs(path: Path, size: int) -> Iterator[Path]:
         yield path
     finally:
         subprocess.run(["umount", "-l", str(path)], check=False, capture_output=True)
+
+
+def kill_child(cluster: LocalCluster, name: str, sig: int = signal.SIGKILL) -> None:
+    """Signal the process group of one of the cluster's processes, if it runs (a test's fault)."""
+    c = cluster.child(name)
+    if c.proc is not None and c.proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(c.proc.pid, sig)
+
+
+def restart_child(
+    cluster: LocalCluster,
+    name: str,
+    *,
+    set_args: dict[str, str] | None = None,
+    env: dict[str, str] | None = None,
+) -> Child:
+    """Start one of the cluster's processes again, optionally with some flags changed
+    (`{"--ip": "127.0.0.2"}`) and `env` added to its environment."""
+    c = cluster.child(name)
+    cluster.children.remove(c)
+    argv = list(c.argv)
+    for flag, value in (set_args or {}).items():
+        if flag in argv:
+            argv[argv.index(flag) + 1] = value
+        else:
+            argv += [flag, value]
+    return cluster.spawn(name, argv, env)
 
 
 @contextlib.asynccontextmanager

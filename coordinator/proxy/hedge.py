@@ -34,20 +34,6 @@ SWEEP = 0.05  # seconds between looks at the deadlines
 EWMA = 0.2  # weight of the newest time to first byte in an endpoint's recent one
 
 
-def hedge_delay(cfg: HedgeConfig, ttft: float, first_token_timeout: float) -> float | None:
-    """After how long without a first byte an attempt on an endpoint whose recent time to
-    first byte is `ttft` (0: none yet) is hedged; None when never (the first-token timeout
-    comes first)."""
-    recent = cfg.factor * ttft if ttft > 0 else first_token_timeout / 2
-    delay = max(cfg.min_delay, recent)
-    return delay if delay < first_token_timeout else None
-
-
-def observe_ttft(ep: Endpoint, seconds: float) -> None:
-    """Fold one attempt's time to first byte into `ep`'s recent one."""
-    ep.ttft = seconds if ep.ttft <= 0 else ep.ttft + EWMA * (seconds - ep.ttft)
-
-
 class Attempt(Protocol):
     """What hedging needs of an attempt (`coordinator.proxy.legs.Attempt`)."""
 
@@ -105,7 +91,7 @@ class Hedger:
         cfg = self.cfg
         if not cfg.enabled:
             return
-        ttft = ep.ttft  # `hedge_delay`, inline: this is every request's
+        ttft = ep.ttft  # the hedge delay, inline: this is every request's
         delay = cfg.factor * ttft if ttft > 0 else self.first_token_timeout / 2
         if delay < cfg.min_delay:
             delay = cfg.min_delay
@@ -119,7 +105,9 @@ class Hedger:
         """`at`'s client-facing leg (on `ep`) has its answer: whether it is the client's."""
         self.due.pop(at, None)
         took = self.clock() - at.t0
-        ep.ttft = took if ep.ttft <= 0 else ep.ttft + EWMA * (took - ep.ttft)  # `observe_ttft`, inline
+        ep.ttft = (
+            took if ep.ttft <= 0 else ep.ttft + EWMA * (took - ep.ttft)
+        )  # its recent time to first byte (EWMA)
         race = at.race
         if race is None:
             return True

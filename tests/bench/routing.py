@@ -45,7 +45,8 @@ def build_table(per_role: int) -> tuple[RoutingTable, list[tuple[int, EventBase]
                     seq += 1
                     events.append((seq, ev))
     t = RoutingTable()
-    t.apply_all(events)
+    for seq, ev in events:
+        t.apply(ev, seq)
     return t, events
 
 
@@ -110,7 +111,8 @@ def main(argv: list[str]) -> int:
 
     def replay() -> object:
         t = RoutingTable()
-        t.apply_all(events)
+        for seq, ev in events:
+            t.apply(ev, seq)
         return t.version
 
     replay_us = per_call_us(replay, 20, args.rounds)

@@ -25,6 +25,7 @@ from core.config import NatsConfig
 from deploy.cluster import NATS, LocalCluster
 from streams.definitions import MOTOR_STREAM, ensure_streams
 from streams.publisher import MOTOR_TYPE, MSG_ID
+from tests import localcluster, placed
 
 
 def signal_pid(pid: int, sig: int) -> float:
@@ -63,7 +64,7 @@ async def exited(pid: int, within: float) -> bool:
 def kill_child(cluster: LocalCluster, name: str, sig: int = signal.SIGKILL) -> float:
     """Signal one of the cluster's own processes (a controller, coordinator or node agent)."""
     t = time.time()
-    cluster.kill_child(name, sig)
+    localcluster.kill_child(cluster, name, sig)
     return t
 
 
@@ -200,16 +201,16 @@ def poison_messages(kind: str, node_id: str, tag: str) -> list[tuple[str, bytes,
         body = _envelope("instances.refreshed", data, eid=eid)
         return [(subjects.REFRESH, body, {**hdr, MOTOR_TYPE: "instances.refreshed"})]
     if kind == "undecodable JSON":
-        return [(subjects.fault(node_id), b'{"id": "' + eid.encode() + b'", "type": "fault.rep', hdr)]
+        return [(placed.fault(node_id), b'{"id": "' + eid.encode() + b'", "type": "fault.rep', hdr)]
     if kind == "unknown type":
         body = _envelope("chaos.unheard_of", {"node_id": node_id}, eid=eid)
-        return [(subjects.fault(node_id), body, {**hdr, MOTOR_TYPE: "chaos.unheard_of"})]
+        return [(placed.fault(node_id), body, {**hdr, MOTOR_TYPE: "chaos.unheard_of"})]
     if kind == "future schema_version":
         body = _envelope("fault.reported", fault, eid=eid, version=99)
-        return [(subjects.fault(node_id), body, {**hdr, MOTOR_TYPE: "fault.reported"})]
+        return [(placed.fault(node_id), body, {**hdr, MOTOR_TYPE: "fault.reported"})]
     if kind == "non-finite ts":
         body = _envelope("fault.reported", fault, eid=eid, ts="inf")
-        return [(subjects.fault(node_id), body, {**hdr, MOTOR_TYPE: "fault.reported"})]
+        return [(placed.fault(node_id), body, {**hdr, MOTOR_TYPE: "fault.reported"})]
     if kind == "out-of-bound seen_term":
         # Issue 24: what one node's credentials may write; a leader announced a reign past it
         # that its lease and checkpoints could not hold, and then nobody could lead.
@@ -222,10 +223,10 @@ def poison_messages(kind: str, node_id: str, tag: str) -> list[tuple[str, bytes,
             "seen_term": 2**64 - 1,
         }
         body = _envelope("command.refused", refused, eid=eid)
-        return [(subjects.node(node_id), body, {**hdr, MOTOR_TYPE: "command.refused"})]
+        return [(placed.node(node_id), body, {**hdr, MOTOR_TYPE: "command.refused"})]
     if kind == "duplicate Nats-Msg-Id":
         body = _envelope("fault.cleared", {"fault_id": f"f-{tag}", "node_id": node_id}, eid=eid)
-        one = (subjects.fault(node_id), body, {**hdr, MOTOR_TYPE: "fault.cleared"})
+        one = (placed.fault(node_id), body, {**hdr, MOTOR_TYPE: "fault.cleared"})
         return [one, one]
     if kind == "unknown node command":
         ghost = f"ghost-{tag}"
@@ -241,7 +242,7 @@ def poison_messages(kind: str, node_id: str, tag: str) -> list[tuple[str, bytes,
             "master_dp_ip": "127.0.0.1",
         }
         body = _envelope("command.start", data, eid=eid)
-        return [(subjects.command(ghost, "start"), body, {**hdr, MOTOR_TYPE: "command.start"})]
+        return [(placed.command(ghost, "start"), body, {**hdr, MOTOR_TYPE: "command.start"})]
     raise ValueError(f"unknown poison kind {kind!r}")
 
 
@@ -261,7 +262,7 @@ async def publish_sentinel(nc: Client, node_id: str, tag: str) -> int:
     eid = f"sentinel-{tag}"
     body = _envelope("fault.cleared", {"fault_id": f"f-sentinel-{tag}", "node_id": node_id}, eid=eid)
     ack = await nc.jetstream().publish(
-        subjects.fault(node_id), body, headers={MSG_ID: eid, MOTOR_TYPE: "fault.cleared"}, timeout=10
+        placed.fault(node_id), body, headers={MSG_ID: eid, MOTOR_TYPE: "fault.cleared"}, timeout=10
     )
     return int(ack.seq)
 

@@ -28,6 +28,7 @@ from tests.chaos.fleet import converged, scrape
 from tests.chaos.harness import ChaosCluster
 from tests.chaos.scenario import Scenario
 from tests.faketime import HOUR, SteppedClock
+from tests.localcluster import kill_child, restart_child
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(600)]
 
@@ -39,10 +40,10 @@ async def respawn(cluster: LocalCluster, name: str, env: dict[str, str], sig: in
     supervisor restart); the supervisor leaves it alone meanwhile."""
     with cluster.supervisor.hold(name):
         pid = child_pid(cluster, name)
-        cluster.kill_child(name, sig)
+        kill_child(cluster, name, sig)
         if pid is not None:
             assert await exited(pid, within=30.0), f"{name} did not exit on {signal.Signals(sig).name}"
-        cluster.restart_child(name, env=env)
+        restart_child(cluster, name, env=env)
 
 
 async def controller_back(cc: ChaosCluster, name: str, within: float = 30.0) -> None:

@@ -18,7 +18,14 @@ import orjson
 import pytest
 
 from core.events import InstanceState, Role, SnapshotPhase
-from tests.localcluster import Harness, cluster_config, engine_pid, running_cluster
+from tests.localcluster import (
+    Harness,
+    cluster_config,
+    engine_pid,
+    kill_child,
+    restart_child,
+    running_cluster,
+)
 
 
 @pytest.fixture(scope="module")
@@ -91,10 +98,10 @@ async def test_restored_container_reregisters_with_new_ip_and_keeps_instance_id(
     node = h.state.instances[iid].spec.members[0].node_id
     # The container goes away (agent and engine) and comes back elsewhere from its snapshot.
     engine = engine_pid(h.engine_port(iid))
-    h.cluster.kill_child(f"nodeagent-{node}")
+    kill_child(h.cluster, f"nodeagent-{node}")
     os.killpg(os.getpgid(engine), signal.SIGKILL)
-    h.cluster.restart_child(
-        f"nodeagent-{node}", set_args={"--ip": "127.0.0.2"}, env={"MOTOR_SNAPSHOT_RESTORED": "1"}
+    restart_child(
+        h.cluster, f"nodeagent-{node}", set_args={"--ip": "127.0.0.2"}, env={"MOTOR_SNAPSHOT_RESTORED": "1"}
     )
     await h.wait_for(
         "re-registration marked restored with the new pod IP",

@@ -31,13 +31,13 @@ from core.events import (
 from core.ids import new_id
 from core.reducer import apply
 from core.state import ClusterState, state_to_dict
-from streams.checkpoint import load_checkpoint
 from streams.definitions import MOTOR_STREAM
 from streams.jetstream import JetStreamLog
 from streams.log import Range
 from streams.publisher import Publisher
 from streams.reader import read_range
 from streams.server import EmbeddedNats
+from tests.integration.checkpoints import load_checkpoint
 from tests.integration.controller_harness import CONTROLLER, Cluster, operator_event, state_is
 
 

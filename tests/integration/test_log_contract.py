@@ -17,6 +17,7 @@ from core import subjects
 from streams.definitions import HB_STREAM, MOTOR_STREAM
 from streams.errors import SequenceConflict
 from streams.log import Range, StreamMissing
+from tests import placed
 from tests.integration.log_backends import Backend, backend, beat, leader, read_all
 from tests.integration.streams_events import mixed, status_changed
 
@@ -51,8 +52,8 @@ async def test_a_subject_guard_refuses_once_the_subject_moved(backend: Backend) 
     with pytest.raises(SequenceConflict):
         await pub.publish(status_changed(2, node="n7"), expected_last_subject_seq=s1)
     await pub.publish(status_changed(3, node="n8"), expected_last_subject_seq=0)
-    assert await backend.log.last_subject_seq(MOTOR_STREAM, subjects.endpoint("n7")) == s2
-    assert await backend.log.last_subject_seq(MOTOR_STREAM, subjects.endpoint("n9")) == 0
+    assert await backend.log.last_subject_seq(MOTOR_STREAM, placed.endpoint("n7")) == s2
+    assert await backend.log.last_subject_seq(MOTOR_STREAM, placed.endpoint("n9")) == 0
 
 
 async def test_the_fence_refuses_a_deposed_leaders_write(backend: Backend) -> None:
@@ -164,9 +165,9 @@ async def test_a_range_reads_from_a_sequence_up_to_one_on_a_filter(backend: Back
         await pub.publish(ev)
     got = await read_all(backend.log, span=Range(start_seq=3, until_seq=8))
     assert [s for s, _, _ in got] == [3, 4, 5, 6, 7, 8]
-    only = await read_all(backend.log, span=Range(filter_subject=subjects.endpoint("n1")))
+    only = await read_all(backend.log, span=Range(filter_subject=placed.endpoint("n1")))
     assert [s for s, _, _ in only] == [
-        i + 1 for i, e in enumerate(events) if subjects.for_event(e) == subjects.endpoint("n1")
+        i + 1 for i, e in enumerate(events) if subjects.for_event(e) == placed.endpoint("n1")
     ]
 
 

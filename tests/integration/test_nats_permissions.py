@@ -54,7 +54,7 @@ from core.state import ClusterState
 from deploy.eventfmt import stream_rows
 from deploy.natsauth import ClusterAuth, prepare
 from nodeagent.commands import durable_name
-from streams.checkpoint import load_checkpoint, save_checkpoint
+from streams.checkpoint import save_checkpoint
 from streams.connection import NatsOptions, connect
 from streams.credentials import PASSWORD_ENV, USER_ENV
 from streams.definitions import HB_STREAM, LEADER_BUCKET, MOTOR_STREAM, ensure_streams
@@ -62,7 +62,9 @@ from streams.errors import NatsUnavailable, PublishTimeout
 from streams.jetstream import JetStreamLog
 from streams.publisher import Publisher
 from streams.server import EmbeddedNats
+from tests import placed
 from tests.follower import Follower
+from tests.integration.checkpoints import load_checkpoint
 from tests.integration.nodeagent_harness import Agent, EventTail, start_command, write_config
 from tests.unit.factories import registered
 
@@ -386,7 +388,7 @@ async def test_the_controller_sends_commands_and_decisions_and_holds_the_lease(
     # The appender's pipelined batch: its acks come to an inbox of the controller's own.
     batch = await pub.publish_batch([command("n1"), instance_state(1)])
     assert all(isinstance(seq, int) and seq > 0 for seq in batch), batch
-    last = await js.get_last_msg(MOTOR_STREAM, subjects.command("n1", "start"))  # the appender's guard
+    last = await js.get_last_msg(MOTOR_STREAM, placed.command("n1", "start"))  # the appender's guard
     assert last.seq > 0
     lease = Lease(JetStreamLog.of(js).kv(LEADER_BUCKET), "c1", ttl=5.0)
     assert await lease.acquire(term=1)
@@ -417,7 +419,7 @@ async def test_the_coordinator_publishes_refresh_precision_and_its_own_faults_on
     refresh = _ev(InstancesRefreshed, InstancesRefreshedData(ids=(1,), instances=({"id": 1},)))
     assert await Publisher(js).publish(refresh) > 0
     assert await Publisher(js).publish(alarm(2)) > 0
-    for subject in (subjects.circuit("n1"), subjects.streams(None, 7)):  # its own fault decisions
+    for subject in (placed.circuit("n1"), placed.streams(None, 7)):  # its own fault decisions
         assert (await js.publish(subject, b"{}")).seq > 0
     f = await follows(co, MOTOR_STREAM, filter_subject=subjects.ALL_EVENTS)
     await f.close()
@@ -516,7 +518,7 @@ async def test_an_event_whose_data_names_another_entity_than_its_subject_is_skip
     """Permissions guard subjects: n1 registering as n2 on n1's own subject is not believed."""
     js = srv.admin.jetstream()
     forged = registration("n2")
-    ack = await js.publish(subjects.node("n1"), forged.model_dump_json().encode())
+    ack = await js.publish(placed.node("n1"), forged.model_dump_json().encode())
     good = await Publisher(js).publish(registration("n1"))
     f = Follower(srv.admin, MOTOR_STREAM, start_seq=ack.seq)
     try:

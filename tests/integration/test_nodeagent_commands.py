@@ -19,7 +19,6 @@ import pytest
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
-from core import subjects
 from core.events import (
     CommandApplied,
     CommandRefused,
@@ -33,6 +32,7 @@ from core.ids import new_id
 from nodeagent.commands import durable_name
 from streams.definitions import MOTOR_STREAM, ensure_streams
 from streams.publisher import Publisher
+from tests import placed
 from tests.integration.nodeagent_harness import (
     Agent,
     EventTail,
@@ -134,16 +134,16 @@ async def test_undecodable_and_misaddressed_commands_are_dropped_and_the_next_ru
 ) -> None:
     agent, reg = await up(tmp_path, nats_server.url, tail, agents)  # type: ignore[attr-defined]
     node = agent.node_id
-    await js.publish(subjects.command(node, "start"), b'{"type": "command.start", "data": {')
-    await js.publish(subjects.command(node, "start"), b"\xff\xfe not json at all")
+    await js.publish(placed.command(node, "start"), b'{"type": "command.start", "data": {')
+    await js.publish(placed.command(node, "start"), b"\xff\xfe not json at all")
     # Issue 24: a term no 64-bit encoder writes. It decoded; the agent kept it as the newest
     # term (its run state could no longer be saved) and refused every later command stale.
     huge = orjson.loads(stop_command(node).model_copy(update={"id": new_id()}).model_dump_json())
     huge["data"]["term"] = 2**64
-    await js.publish(subjects.command(node, "stop"), json.dumps(huge).encode())
+    await js.publish(placed.command(node, "stop"), json.dumps(huge).encode())
     # A stop addressed to another node, on this node's subject.
     stray = stop_command("someone-else").model_copy(update={"id": new_id()})
-    await js.publish(subjects.command(node, "stop"), stray.model_dump_json().encode())
+    await js.publish(placed.command(node, "stop"), stray.model_dump_json().encode())
     good = start_command(node, reg.data.endpoints)
     await Publisher(js).publish(good)
 

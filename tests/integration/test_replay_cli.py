@@ -219,7 +219,7 @@ def test_replay_folds_past_an_event_the_reducer_cannot_apply(monkeypatch: Any, c
     """Whatever still raises in the reducer is `inapplicable`: listed, dropped, and the rest folded."""
     import argparse
 
-    import core.reducer
+    import core.handlers
     from core.events import StartCommand
     from deploy.cmd_replay import run_replay
     from streams.reader import Record
@@ -227,7 +227,7 @@ def test_replay_folds_past_an_event_the_reducer_cannot_apply(monkeypatch: Any, c
     def boom(*_: Any) -> Any:
         raise KeyError("id")
 
-    monkeypatch.setitem(core.reducer.HANDLERS, StartCommand, boom)
+    monkeypatch.setitem(core.handlers.HANDLERS, StartCommand, boom)
     records = [
         Record("MOTOR", 1, "motor.evt.node.n7", registered("n7", ts=1000.0)),
         Record("MOTOR", 2, "motor.evt.instance.3", assembled(3, ["n7"], ts=1001.0)),

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SEEDS = 200
 
 
-# ~70 s on an idle 2-core machine; a machine busy with other work takes several times that.
+# ~30 s on an idle 2-core machine; a machine busy with other work takes several times that.
 @pytest.mark.timeout(1500)
 def test_200_seeded_schedules_hold_every_invariant() -> None:
     run = subprocess.run(

@@ -8,11 +8,12 @@ from nats.js import JetStreamContext
 
 from core.reducer import fold
 from core.state import state_to_dict
-from streams.checkpoint import load_checkpoint, save_checkpoint
+from streams.checkpoint import save_checkpoint
 from streams.errors import CheckpointError
 from streams.jetstream import JetStreamLog
 from streams.publisher import Publisher
 from streams.reader import read_range
+from tests.integration.checkpoints import load_checkpoint
 from tests.unit.factories import assembled, registered
 
 

@@ -11,11 +11,11 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
-from core import subjects
 from streams.definitions import MOTOR_STREAM
 from streams.errors import PublishFailed, PublishTimeout, SequenceConflict
 from streams.publisher import Publisher
 from streams.reader import read_range
+from tests import placed
 from tests.integration.streams_events import mixed, status_changed
 
 
@@ -38,7 +38,7 @@ async def test_expected_last_subject_seq_conflict_is_a_typed_error(js: JetStream
         # A second writer that still believes seq1 is the latest loses.
         await pub.publish(status_changed(2, node="n7"), expected_last_subject_seq=seq1)
 
-    assert info.value.subject == subjects.endpoint("n7")
+    assert info.value.subject == placed.endpoint("n7")
     assert info.value.expected == seq1
     # Other subjects are independent.
     await pub.publish(status_changed(3, node="n8"), expected_last_subject_seq=0)
@@ -82,7 +82,7 @@ async def test_publish_batch_reports_a_moved_fence_as_a_conflict_not_a_timeout(j
     outcomes = await pub.publish_batch(
         [status_changed(i, node="n7") for i in range(2, 6)],
         expected_last_subject_seq=fence,
-        expected_subject=subjects.endpoint("leader"),
+        expected_subject=placed.endpoint("leader"),
     )
 
     assert all(isinstance(o, SequenceConflict) for o in outcomes), outcomes

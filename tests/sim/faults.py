@@ -40,6 +40,7 @@ from dataclasses import dataclass
 
 from core import subjects
 from streams.definitions import MOTOR_STREAM
+from tests import placed
 from tests.sim.engines import Engine
 from tests.sim.procs import SimAgent, SimProcess
 from tests.sim.world import World
@@ -272,7 +273,7 @@ def _poison(world: World, f: Fault) -> None:
         b'{"type": "no.such.event", "id": "y", "ts": 1.0, "source": "rogue", "data": {}}',
     ]
     for raw in rng.sample(garbage, k=1 + int(f.param * 2.99)):
-        world.server.inject(subjects.endpoint(node), raw)
+        world.server.inject(placed.endpoint(node), raw)
     world.server.inject(subjects.heartbeat(node), garbage[0])
     world.poisoned += 1
 

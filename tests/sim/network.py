@@ -17,7 +17,7 @@ import asyncio
 import contextvars
 import random
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from tests.sim.loop import SimLoop
 
@@ -130,13 +130,16 @@ class SimLink:
         req()
 
     async def call(self, op: Callable[[], T], within: float) -> T:
-        fut: asyncio.Future[T] = self.net.loop.create_future()
+        loop = self.net.loop
+        fut: asyncio.Future[T] = loop.create_future()
 
         def at_server() -> None:
             try:
                 result: tuple[bool, object] = (True, op())
             except Exception as exc:
-                result = (False, exc)
+                # The error travels back, not the server's stack (which would hold this frame,
+                # and this frame the result: a reference cycle a refused request).
+                result = (False, exc.with_traceback(None))
             if self._lost():
                 return
             self.net.later(self._hop(), answer, result)
@@ -151,8 +154,13 @@ class SimLink:
                 fut.set_exception(value)  # type: ignore[arg-type]
 
         self._send(at_server)
-        async with asyncio.timeout(within):
+        # One timer, not `asyncio.timeout`'s machinery around every request: nothing but `fut`
+        # is waited for here.
+        timer = loop.call_later(within, _expire, fut)
+        try:
             return await fut
+        finally:
+            timer.cancel()
 
     def send(self, op: Callable[[], object]) -> None:
         self._send(lambda: (op(), None)[1])
@@ -166,3 +174,9 @@ class SimLink:
 
     def unlisten(self, ev: asyncio.Event) -> None:
         self._listeners.pop(ev, None)
+
+
+def _expire(fut: asyncio.Future[Any]) -> None:
+    """No answer came in time: the caller's TimeoutError, as `Link.call` promises."""
+    if not fut.done():
+        fut.set_exception(TimeoutError())

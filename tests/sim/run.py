@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import random
 import sys
 import tempfile
@@ -37,6 +38,9 @@ POLL = 0.5
 # The shipped check interval; a startup_timeout for engines that load in seconds, not a model's
 # half hour (as tests/integration/controller_harness.py's), so a start that hangs is judged.
 HEALTH = {"interval": 1.0, "startup_timeout": 30.0}
+# Where a run's files go (the node agents' run state, written atomically on every command): in
+# memory when the machine has a tmpfs there, so a seed never waits on a disk.
+SCRATCH = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
 
 
 def sim_config(*, startup_timeout: float = HEALTH["startup_timeout"]) -> ClusterConfig:
@@ -142,7 +146,11 @@ def run_seed(
         ms = int(loop.wall() * 1000)
         return f"{(ms << 80) | (0x7 << 76) | ids.getrandbits(76):032x}"
 
-    with _quiet_teardown(), tempfile.TemporaryDirectory(prefix="motor-sim-") as tmp, ids_from(fresh_id):
+    with (
+        _quiet_teardown(),
+        tempfile.TemporaryDirectory(prefix="motor-sim-", dir=SCRATCH) as tmp,
+        ids_from(fresh_id),
+    ):
         world = World(seed, cfg, Path(tmp), loop)
         try:
             result.checks = loop.run_until_complete(_main(world, result.faults, then))

@@ -65,7 +65,7 @@ def test_upcaster_lifts_old_shape(monkeypatch: pytest.MonkeyPatch) -> None:
         data["pod_ip"] = data.pop("ip")
         return {**raw, "data": data}
 
-    monkeypatch.setitem(codec._UPCASTERS, ("node.registered", 1), v1_to_v2)
+    monkeypatch.setitem(codec.UPCASTERS, ("node.registered", 1), v1_to_v2)
     raw = orjson.loads(codec.encode(registered("n1")))
     raw["data"]["ip"] = raw["data"].pop("pod_ip")
     raw["schema_version"] = 1

@@ -108,8 +108,10 @@ def test_a_fold_of_what_survives_age_out_routes_like_the_one_that_saw_it_all() -
         assert fresh.instances[iid].state == InstanceState.ACTIVE
         assert fresh.instances[iid].spec == log.state.instances[iid].spec
     table, whole = RoutingTable(), RoutingTable()
-    table.apply_all(kept)
-    whole.apply_all(log.events)
+    for seq, ev in kept:
+        table.apply(ev, seq)
+    for seq, ev in log.events:
+        whole.apply(ev, seq)
     assert [e.key for e in table.routable()] == [e.key for e in whole.routable()] == ["n1/0", "n2/0"]
 
 

@@ -16,7 +16,7 @@ from core.events import CircuitChanged, EndpointStatus, Role, StreamsDisrupted
 from core.reducer import apply
 from core.state import ClusterState
 from replay.explain import explain
-from replay.timeline import lane_keys
+from replay.timeline import build_lanes
 from tests.unit.coord_events import endpoint_status, instance_events, refreshed, seed_instance
 
 
@@ -148,6 +148,6 @@ def test_explain_and_timeline_show_the_coordinators_view_beside_the_engines_fact
     assert "endpoint n3/0 READY → DEAD" in text
     node = "\n".join(line.summary for line in explain(recs, "node", "n3"))
     assert "16 streams broke" in node
-    lanes = lane_keys(recs)
+    lanes = [ln.key for ln in build_lanes(recs)[0]]
     i = lanes.index("endpoint-n3-0")
     assert lanes[i : i + 3] == ["endpoint-n3-0", "endpoint-n3-0-circuit", "endpoint-n3-0-streams"]

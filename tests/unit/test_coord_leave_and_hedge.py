@@ -9,7 +9,7 @@ from collections.abc import Callable
 import pytest
 
 from coordinator.endpoint import Endpoint
-from coordinator.proxy.hedge import Hedger, Race, hedge_delay, observe_ttft
+from coordinator.proxy.hedge import Hedger, Race
 from coordinator.table import RoutingTable
 from core.coordconfig import HedgeConfig
 from core.events import EndpointStatus, EventBase, InstanceState, Role
@@ -95,8 +95,18 @@ CFG = HedgeConfig(factor=4.0, min_delay=0.5)
         (20.0, 60.0, None),  # a slow engine: the first-token timeout comes first
     ],
 )
-def test_hedge_delay(ttft: float, first_token_timeout: float, delay: float | None) -> None:
-    assert hedge_delay(CFG, ttft, first_token_timeout) == delay
+async def test_hedge_delay(ttft: float, first_token_timeout: float, delay: float | None) -> None:
+    h = Hedger(CFG, first_token_timeout, lose=lambda rid: 0)
+    at, ep = At("r#a1"), endpoint()
+    at.t0, ep.ttft = 100.0, ttft
+    h.watch(at, ep)  # type: ignore[arg-type]
+    assert at.hedger is h
+    if delay is None:
+        assert at not in h.due
+    else:
+        assert h.due[at] - at.t0 == pytest.approx(delay)  # type: ignore[index]
+    if h._sweeper is not None:
+        h._sweeper.cancel()
 
 
 def endpoint(key: str = "n1/0") -> Endpoint:
@@ -104,11 +114,15 @@ def endpoint(key: str = "n1/0") -> Endpoint:
 
 
 def test_recent_time_to_first_byte_follows_the_engine() -> None:
+    now = [0.0]
+    h = Hedger(CFG, 60.0, lose=lambda rid: 0, clock=lambda: now[0])
     ep = endpoint()
-    observe_ttft(ep, 0.1)
-    assert ep.ttft == pytest.approx(0.1)
-    for _ in range(30):
-        observe_ttft(ep, 1.0)
+    for took in (0.1, *([1.0] * 30)):
+        at = At("r#a1")
+        at.t0, now[0] = now[0], now[0] + took
+        assert h.claim(at, ep)  # type: ignore[arg-type]
+        if took == 0.1:
+            assert ep.ttft == pytest.approx(0.1)  # the first one is taken as it is
     assert ep.ttft == pytest.approx(1.0, abs=0.01)
 
 

@@ -20,9 +20,12 @@ def _with_capacity(events: list, max_seq_len: int) -> list:  # type: ignore[type
 
 def test_limits_come_from_registrations_and_refreshes() -> None:
     t = RoutingTable()
-    t.apply_all(enumerate(_with_capacity(instance_events(1, Role.UNION, model="a"), 2048), 1))
-    t.apply_all(enumerate(_with_capacity(instance_events(2, Role.UNION, model="a"), 8192), 10))
-    t.apply_all(enumerate(instance_events(3, Role.UNION, model="b"), 20))  # default capacity
+    for seq, ev in enumerate(_with_capacity(instance_events(1, Role.UNION, model="a"), 2048), 1):
+        t.apply(ev, seq)
+    for seq, ev in enumerate(_with_capacity(instance_events(2, Role.UNION, model="a"), 8192), 10):
+        t.apply(ev, seq)
+    for seq, ev in enumerate(instance_events(3, Role.UNION, model="b"), 20):  # default capacity
+        t.apply(ev, seq)
     t.apply(refreshed([seed_instance(4, model="c")]), 30)  # max_output_len 512 of max_seq_len 2048
     assert model_limits(t.state) == {"a": 8192, "b": Capacity().max_seq_len, "c": 512}
 
@@ -31,7 +34,8 @@ def test_model_limits_follow_the_log() -> None:
     t = RoutingTable()
     limits = ModelLimits(t)
     assert limits.get("a") is None and limits.get(None) is None
-    t.apply_all(enumerate(_with_capacity(instance_events(1, Role.UNION, model="a"), 2048), 1))
+    for seq, ev in enumerate(_with_capacity(instance_events(1, Role.UNION, model="a"), 2048), 1):
+        t.apply(ev, seq)
     assert limits.get("a") == 2048 and limits.get("nope") is None
     t.apply(refreshed([seed_instance(4, model="c")]), 40)
     assert limits.get("c") == 512

@@ -138,7 +138,8 @@ def test_a_registration_with_business_port_70000_never_reaches_the_routing_table
         except DecodeError:
             continue  # the fold skips it as poison
     table = RoutingTable()
-    table.apply_all(enumerate(decoded, 1))
+    for seq, ev in enumerate(decoded, 1):
+        table.apply(ev, seq)
     assert [e.port for e in table.routable()] == []
 
 

@@ -41,7 +41,7 @@ from core.events import (
 from core.redact import redact
 from core.reducer import apply
 from core.state import ClusterState, state_to_dict
-from streams.checkpoint import decode_checkpoint, encode_checkpoint
+from streams.checkpoint import decode_checkpoint_origin, encode_checkpoint
 from streams.poison import NEWER_SCHEMA, UNDECODABLE, reason_for
 from tests.unit.controller_log import Log, config
 from tests.unit.event_strategies import hostile_events, leaves, wire_events
@@ -173,13 +173,14 @@ def test_no_decodable_event_makes_a_fold_a_decision_or_an_encoder_raise(
     orjson.dumps(redact(state_to_dict(state)))
     orjson.dumps([instances_view(state), nodes_view(state), alarms_view(state)])
     # The checkpoint holds the state exactly.
-    stored = decode_checkpoint(encode_checkpoint(state))
+    stored, _ = decode_checkpoint_origin(encode_checkpoint(state))
     assert orjson.loads(orjson.dumps(state_to_dict(stored))) == orjson.loads(
         orjson.dumps(state_to_dict(state))
     )
     # The coordinator's fold of the same log, and what it would route.
     table = RoutingTable()
-    table.apply_all(log.folded)
+    for seq, ev in log.folded:
+        table.apply(ev, seq)
     table.describe()
     for model in [None, *table.models()]:
         table.plan(model)

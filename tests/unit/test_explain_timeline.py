@@ -14,7 +14,7 @@ from core.events import (
     LeaderChangedData,
 )
 from replay.explain import explain, render
-from replay.timeline import lane_keys, render_html
+from replay.timeline import build_lanes, render_html
 from tests.unit.factories import assembled, ep_status, registered, start_cmd
 
 
@@ -86,7 +86,7 @@ def test_explain_broken_link_says_so() -> None:
 
 def test_timeline_lanes_and_self_contained() -> None:
     recs = incident()
-    keys = lane_keys(recs)
+    keys = [ln.key for ln in build_lanes(recs)[0]]
     assert keys == ["instance-3", "endpoint-n7-0", "marks-fault", "marks-command", "marks-leader"]
     page = render_html(recs)
     assert page.count('class="lane ') == len(keys)

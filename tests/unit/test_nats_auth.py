@@ -25,6 +25,7 @@ from streams.connection import NatsOptions
 from streams.credentials import Credentials, CredentialsError, load_context, merge, save_context
 from streams.permissions import cluster_users, node_agent
 from streams.server import authorization_conf, find_nats_server, tls_conf
+from tests import placed
 from tests.unit.controller_log import Log, config
 from tests.unit.factories import registered
 
@@ -48,9 +49,9 @@ def test_matches_agrees_with_for_event_for_every_event_type(etype: str) -> None:
 
 def test_decode_with_the_subject_refuses_data_that_names_another_entity() -> None:
     data = codec.encode(registered("n2"))
-    assert codec.decode(data, subjects.node("n2")).data.node_id == "n2"  # type: ignore[union-attr]
+    assert codec.decode(data, placed.node("n2")).data.node_id == "n2"  # type: ignore[union-attr]
     with pytest.raises(WrongSubject, match=r"motor\.evt\.node\.n2"):
-        codec.decode(data, subjects.node("n1"))
+        codec.decode(data, placed.node("n1"))
     assert codec.decode(data).data.node_id == "n2"  # type: ignore[union-attr]  # no subject: not judged
 
 

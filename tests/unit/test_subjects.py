@@ -11,6 +11,7 @@ from core.events import (
     InstanceStateChangedData,
     StartCommand,
 )
+from tests import placed
 from tests.unit.factories import start_cmd
 
 
@@ -39,13 +40,13 @@ def test_parse_rejects(bad: str) -> None:
 @pytest.mark.parametrize("token", ["a.b", "a b", "*", ">", ""])
 def test_bad_tokens(token: str) -> None:
     with pytest.raises(SubjectError):
-        subjects.node(token)
+        subjects.event("node", token)
 
 
 def test_format_roundtrip() -> None:
-    assert subjects.node("n7") == "motor.evt.node.n7"
-    assert subjects.instance(3) == "motor.evt.instance.3"
-    assert subjects.command("n7", "stop") == "motor.cmd.n7.stop"
+    assert placed.node("n7") == "motor.evt.node.n7"
+    assert placed.instance(3) == "motor.evt.instance.3"
+    assert placed.command("n7", "stop") == "motor.cmd.n7.stop"
     assert subjects.node_commands("n7") == "motor.cmd.n7.>"
     assert subjects.heartbeat("n7") == "motor.hb.n7"
 
