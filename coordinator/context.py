@@ -17,6 +17,7 @@ from coordinator.metrics import CoordinatorMetrics
 from coordinator.table import RoutingTable
 from core.coordconfig import CoordinatorConfig
 from core.events import AnyEvent, EventBase
+from core.kvblocks import KvView
 
 
 class EventPublisher(Protocol):
@@ -45,6 +46,7 @@ class CoordinatorContext:
     caught_up: asyncio.Event = field(default_factory=asyncio.Event)
     started_at: float = field(default_factory=time.time)
     log: LogPosition | None = None  # the fold of the log feeding `apply` (coordinator.feed)
+    kv: KvView = field(default_factory=KvView)  # what each engine caches (coordinator.kvfeed)
 
     def __post_init__(self) -> None:
         self.metrics.bind_table(self.table, self.caught_up.is_set)

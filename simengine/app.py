@@ -26,6 +26,7 @@ from simengine.engine import Engine
 from simengine.generation import Generator, close_all
 from simengine.handoff import TRANSFER_PATH, HandoffClient, HandoffStore
 from simengine.injection import FaultError, Faults
+from simengine.kvpublish import KvEventsOptions, KvPublisher
 from simengine.metaserver import MetaServer
 from simengine.native_api import NativeApi
 from simengine.openai_api import ApiError, GenRequest, parse_chat, parse_completion, parse_json
@@ -65,6 +66,7 @@ class BuiltinEngine:
         self._stop = asyncio.Event()
         self._servers: list[Server] = []
         self.seen: deque[GenRequest] = deque(maxlen=SEEN)  # what tests ask: which requests came
+        self.kv_events: KvPublisher | None = None
 
     # ------------------------------------------------------------------ routing
 
@@ -294,6 +296,11 @@ class BuiltinEngine:
         self._servers.append(
             await start_server(self.routes(), s.host, s.port, _on_error, limits=s.http, collector=http)
         )
+        kv_opts = KvEventsOptions.from_config(s.kv_events) if s.kv_events is not None else None
+        if kv_opts is not None:
+            self.kv_events = KvPublisher(kv_opts)
+            self.kv_events.start()
+            self.engine.pool.listener = self.kv_events.push
         if s.bootstrap_port is not None:
             self._servers.append(
                 await start_server(
@@ -316,6 +323,10 @@ class BuiltinEngine:
         await close_all(self.gen)
         await self.metaserver.close()
         self._servers.clear()
+        if self.kv_events is not None:
+            self.engine.pool.listener = None
+            await self.kv_events.close()
+            self.kv_events = None
 
     async def run(self) -> None:
         """Serve until SIGTERM/SIGINT."""

@@ -1,0 +1,109 @@
+"""kv_aware: the endpoint whose KV cache already holds most of the prompt, weighed against load.
+
+What each engine holds comes from the engines themselves: their KV events, compacted by
+their node agents into the `motor_kvview` bucket and folded by every coordinator replica into
+the same `core.kvblocks.KvView` (so a new replica is not cache-blind and two replicas agree).
+The prompt's blocks are named the way the view names them, by the chain over token ids
+(`core.kvblocks.prompt_chain`) of the prompt as the engine tokenizes it (`core.kvprompt`).
+
+Each candidate costs the prompt tokens it would have to compute (those past its cached
+prefix) plus `load_tokens` for every request it has running, waiting or in flight from us;
+the cheapest wins, ties rotate. An endpoint loaded past `load_factor` × the mean (plus
+`slack`) gets no credit for its cache, so a hot prefix spills over instead of drowning one
+engine. A prompt the coordinator cannot tokenize is routed by load alone. As a decode
+policy it scores the decode engines' caches: what a P/D pair's decode holds it need not
+fetch again.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Collection, Sequence
+from typing import Any
+
+from coordinator.policies.base import RequestInfo, allowed
+from coordinator.policies.least_load import LeastLoad
+from coordinator.table import Endpoint
+from core.kvblocks import KvView, prompt_chain
+from core.kvprompt import builtin_prompt_ids
+
+PromptIds = Callable[[dict[str, Any]], list[int] | None]
+
+
+class KvAware:
+    """Fewest tokens to compute plus a price per queued request; least load without a prompt."""
+
+    name = "kv_aware"
+    uses_prefix = False  # it reads the body itself
+
+    def __init__(
+        self,
+        view: KvView,
+        prompt_ids: PromptIds = builtin_prompt_ids,
+        *,
+        load_tokens: float = 128.0,
+        load_factor: float = 1.5,
+        slack: int = 4,
+    ) -> None:
+        if load_tokens < 0 or load_factor < 1 or slack < 0:
+            raise ValueError("kv_aware needs load_tokens >= 0, load_factor >= 1 and slack >= 0")
+        self.view = view
+        self.prompt_ids = prompt_ids
+        self.load_tokens = load_tokens
+        self.load_factor = load_factor
+        self.slack = slack
+        self._fallback = LeastLoad()
+        self._start = 0
+        self.hits = 0  # requests sent where some of the prompt was cached
+        self.misses = 0
+
+    def bound(self, endpoints: Sequence[Endpoint]) -> int:
+        """The highest load at which an endpoint's cache still counts."""
+        total = sum(e.load for e in endpoints)
+        return math.ceil(self.load_factor * (total + 1) / max(1, len(endpoints))) + self.slack
+
+    def matched_blocks(
+        self, endpoint: Endpoint, ids: Sequence[int], memo: dict[int, list[int]]
+    ) -> tuple[int, int]:
+        """(cached prefix blocks, block size) of the prompt on `endpoint` (0, 0 without a view)."""
+        v = self.view.get(endpoint.key)
+        if v is None or v.block_size <= 0 or not v.blocks:
+            return 0, 0
+        chains = memo.get(v.block_size)
+        if chains is None:
+            chains = memo[v.block_size] = prompt_chain(ids, v.block_size)
+        return v.cached_prefix(chains), v.block_size
+
+    def select(
+        self, endpoints: Sequence[Endpoint], req: RequestInfo, exclude: Collection[str] = ()
+    ) -> Endpoint | None:
+        """The endpoint that would compute the least, counting its queue."""
+        eps = allowed(endpoints, exclude)
+        n = len(eps)
+        if n == 0:
+            return None
+        ids = self.prompt_ids(req.body) if req.body is not None and len(self.view) else None
+        if not ids:
+            return self._fallback.select(eps, req)
+        limit = self.bound(eps)
+        memo: dict[int, list[int]] = {}
+        start = self._start % n
+        self._start = start + 1
+        best: Endpoint | None = None
+        best_cost = 0.0
+        best_cached = 0
+        for i in range(n):
+            e = eps[(start + i) % n]
+            load = e.load
+            cached = 0
+            if load < limit:
+                blocks, size = self.matched_blocks(e, ids, memo)
+                cached = min(blocks * size, len(ids))
+            cost = (len(ids) - cached) + self.load_tokens * load
+            if best is None or cost < best_cost:
+                best, best_cost, best_cached = e, cost, cached
+        if best_cached:
+            self.hits += 1
+        else:
+            self.misses += 1
+        return best
