@@ -151,6 +151,7 @@ def create_mgmt_app(ctx: CoordinatorContext) -> FastAPI:
                     "GET /health": "ready to serve requests",
                     "GET /metrics": "Prometheus metrics",
                     "GET /v1/instances": "what the routing table routes",
+                    "GET /v1/kvview": "what each engine caches, as kv_aware sees it",
                     "POST /instances/refresh": "refresh instances",
                     "POST /v1/instances/refresh": "refresh instances",
                     "POST /precision/alarm_cleared": "clear precision alarm scheduler state",
@@ -184,6 +185,15 @@ def create_mgmt_app(ctx: CoordinatorContext) -> FastAPI:
     async def metrics(ctx: Ctx) -> Response:
         """Prometheus text format."""
         return Response(ctx.metrics.render(), media_type=PROMETHEUS_TEXT)
+
+    @app.get("/v1/kvview")
+    async def kvview(ctx: Ctx) -> Response:
+        """The folded KV view: per endpoint its block size, block count and a digest of its blocks
+        (replicas that folded the same bucket show the same digests)."""
+        kv = ctx.kv
+        return _json(
+            {"object": "kvview", "version": kv.version, "undecodable": kv.undecodable, "data": kv.describe()}
+        )
 
     @app.get("/v1/instances")
     async def instances(ctx: Ctx) -> Response:

@@ -189,3 +189,15 @@ class KvView:
     def keys(self) -> list[str]:
         """Endpoint keys with a view."""
         return sorted(self._views)
+
+    def describe(self) -> list[dict[str, object]]:
+        """Per endpoint: block size, block count and a digest of the blocks (for comparing replicas)."""
+        out: list[dict[str, object]] = []
+        for key in sorted(self._views):
+            v = self._views[key]
+            packed = struct.pack(f"<{len(v.blocks)}q", *sorted(v.blocks))
+            digest = hashlib.blake2b(packed, digest_size=8).hexdigest()
+            out.append(
+                {"endpoint": key, "block_size": v.block_size, "blocks": len(v.blocks), "digest": digest}
+            )
+        return out

@@ -101,6 +101,7 @@ class BuiltinEngine:
         r.add("POST", "/resume", self.resume)
         r.add("GET", "/admin/faults", lambda req: json_response(self.faults.as_dict()))
         r.add("POST", "/admin/faults", self.set_faults)
+        r.add("POST", "/admin/kv_events", self.kv_event_faults)
         r.add("GET", "/admin/requests", self.requests_seen)
         r.add("POST", TRANSFER_PATH, self.kv_transfer)
         r.add("POST", "/v1/metaserver", self.metaserver_forward)
@@ -237,6 +238,20 @@ class BuiltinEngine:
     def flush_cache(self, req: Request) -> Response:
         self.engine.pool.reset_cache()
         return Response(200, b"Cache flushed.", "text/plain")
+
+    def kv_event_faults(self, req: Request) -> Response:
+        """`{"drop": N, "garbage": M}`: the next N KV event batches skip the PUB socket (the
+        replay socket still has them) and M malformed messages go out now."""
+        body = parse_json(req.body)
+        if self.kv_events is None:
+            raise ApiError(400, "this engine publishes no KV events (--kv-events-config)")
+        drop, garbage = (body.get(k, 0) if isinstance(body, dict) else None for k in ("drop", "garbage"))
+        if not all(type(v) is int and v >= 0 for v in (drop, garbage)):
+            raise ApiError(400, "drop and garbage must be non-negative integers")
+        assert isinstance(drop, int) and isinstance(garbage, int)
+        self.kv_events.skip_seqs += drop
+        self.kv_events.send_garbage(garbage)
+        return json_response({"drop": self.kv_events.skip_seqs, "garbage": garbage})
 
     def set_faults(self, req: Request) -> Response:
         try:

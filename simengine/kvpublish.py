@@ -70,7 +70,7 @@ class KvPublisher:
         self._pending: list[KvEvent] = []
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=opts.buffer_steps)
         self._next_seq = 0
-        self.skip_seqs = 0  # tests: batches numbered but never sent (a gap the replay fills)
+        self.skip_seqs = 0  # faults: batches numbered and buffered but not sent (a gap to replay)
 
     def start(self) -> None:
         """Serve the replay socket (call on the running loop)."""
@@ -96,6 +96,18 @@ class KvPublisher:
             return
         with contextlib.suppress(zmq.Again):
             self._pub.send_multipart((self._topic, encode_seq(seq), payload), flags=zmq.NOBLOCK)
+
+    def send_garbage(self, n: int) -> None:
+        """Faults: `n` malformed messages (a wrong frame count, a short sequence frame, a
+        payload that is not msgpack), none of which consumes a sequence number."""
+        shapes = (
+            (self._topic, encode_seq(self._next_seq)),
+            (self._topic, b"\x01\x02", b"\x90"),
+            (self._topic, encode_seq(self._next_seq), b"\xc1 not msgpack"),
+        )
+        for i in range(n):
+            with contextlib.suppress(zmq.Again):
+                self._pub.send_multipart(shapes[i % len(shapes)], flags=zmq.NOBLOCK)
 
     async def _serve_replay(self) -> None:
         assert self._router is not None
