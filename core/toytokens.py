@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Sequence
+from functools import lru_cache
 from typing import Any
 
 Token = str | int
@@ -31,20 +32,24 @@ def tokenize(text: str) -> list[str]:
     return _TOKEN_RE.findall(text)
 
 
+@lru_cache(maxsize=1 << 16)  # a word list's vocabulary: each word is hashed once
+def _word_id(word: str) -> int:
+    return int.from_bytes(hashlib.blake2b(word.encode(), digest_size=4).digest(), "little") >> 1
+
+
 def token_id(token: Token) -> int:
     """A token's id: ints are ids already; a word gets a stable 31-bit id from its text.
 
     Stable across processes (Python's str hash is salted per process), so the ids the engine
     publishes in its KV events are the ids the coordinator computes for a prompt.
     """
-    if isinstance(token, int):
-        return token
-    return int.from_bytes(hashlib.blake2b(token.encode(), digest_size=4).digest(), "little") >> 1
+    return token if isinstance(token, int) else _word_id(token)
 
 
 def token_ids(tokens: Sequence[Token]) -> list[int]:
     """`token_id` of each token."""
-    return [token_id(t) for t in tokens]
+    word = _word_id
+    return [t if isinstance(t, int) else word(t) for t in tokens]
 
 
 def count_tokens(text: str) -> int:

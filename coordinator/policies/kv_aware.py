@@ -10,7 +10,13 @@ Each candidate costs the prompt tokens it would have to compute (those past its 
 prefix) plus `load_tokens` for every request it has running, waiting or in flight from us;
 the cheapest wins, ties rotate. An endpoint loaded past `load_factor` × the mean (plus
 `slack`) gets no credit for its cache, so a hot prefix spills over instead of drowning one
-engine. A prompt the coordinator cannot tokenize is routed by load alone. As a decode
+engine. A prompt the coordinator cannot tokenize is routed by load alone.
+
+Between a pick and the view showing its blocks (the engine's event, the agent's next write,
+the fold: a few hundred ms) the policy counts the prompt's blocks on the chosen endpoint as
+cached (`_recent`, bounded), so a burst sharing a new prefix follows its first request instead
+of scattering; an entry counts only while the endpoint's view is the one it was made under:
+the engine's own word replaces this replica's guess at its next update. As a decode
 policy it scores the decode engines' caches: what a P/D pair's decode holds it need not
 fetch again.
 """
@@ -18,13 +24,14 @@ fetch again.
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from coordinator.policies.base import RequestInfo, allowed
 from coordinator.policies.least_load import LeastLoad
 from coordinator.table import Endpoint
-from core.kvblocks import KvView, prompt_chain
+from core.kvblocks import EndpointView, KvView, prompt_chain
 from core.kvprompt import builtin_prompt_ids
 
 PromptIds = Callable[[dict[str, Any]], list[int] | None]
@@ -41,9 +48,10 @@ class KvAware:
         view: KvView,
         prompt_ids: PromptIds = builtin_prompt_ids,
         *,
-        load_tokens: float = 128.0,
-        load_factor: float = 1.5,
-        slack: int = 4,
+        load_tokens: float = 16.0,
+        load_factor: float = 1.25,
+        slack: int = 2,
+        recent: int = 65536,
     ) -> None:
         if load_tokens < 0 or load_factor < 1 or slack < 0:
             raise ValueError("kv_aware needs load_tokens >= 0, load_factor >= 1 and slack >= 0")
@@ -54,6 +62,9 @@ class KvAware:
         self.slack = slack
         self._fallback = LeastLoad()
         self._start = 0
+        self._recent_cap = recent
+        # chain → (endpoint key, its view when we sent the prompt there)
+        self._recent: OrderedDict[int, tuple[str, EndpointView]] = OrderedDict()
         self.hits = 0  # requests sent where some of the prompt was cached
         self.misses = 0
 
@@ -67,12 +78,37 @@ class KvAware:
     ) -> tuple[int, int]:
         """(cached prefix blocks, block size) of the prompt on `endpoint` (0, 0 without a view)."""
         v = self.view.get(endpoint.key)
-        if v is None or v.block_size <= 0 or not v.blocks:
+        if v is None or v.block_size <= 0:
             return 0, 0
         chains = memo.get(v.block_size)
         if chains is None:
             chains = memo[v.block_size] = prompt_chain(ids, v.block_size)
-        return v.cached_prefix(chains), v.block_size
+        n = v.cached_prefix(chains)
+        recent = self._recent
+        key = endpoint.key
+        while n < len(chains):
+            guess = recent.get(chains[n])
+            if guess is None or guess[0] != key or guess[1] is not v:
+                break
+            n += 1
+        return n, v.block_size
+
+    def _remember(self, endpoint: Endpoint, ids: Sequence[int], memo: dict[int, list[int]]) -> None:
+        """Count the prompt's blocks on `endpoint` until its view is updated."""
+        v = self.view.get(endpoint.key)
+        if v is None or v.block_size <= 0:
+            return
+        chains = memo.get(v.block_size)
+        if chains is None:
+            chains = memo[v.block_size] = prompt_chain(ids, v.block_size)
+        recent = self._recent
+        entry = (endpoint.key, v)
+        for c in chains:
+            if c not in v.blocks:
+                recent[c] = entry
+                recent.move_to_end(c)
+        while len(recent) > self._recent_cap:
+            recent.popitem(last=False)
 
     def select(
         self, endpoints: Sequence[Endpoint], req: RequestInfo, exclude: Collection[str] = ()
@@ -106,4 +142,6 @@ class KvAware:
             self.hits += 1
         else:
             self.misses += 1
+        if best is not None:
+            self._remember(best, ids, memo)
         return best
