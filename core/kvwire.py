@@ -12,8 +12,10 @@ Written from the protocol, not from their code:
   `AllBlocksCleared`. Trailing fields with defaults may be left out; fields we do not use
   (LoRA, medium, extra keys, groups) are ignored. A block hash is an int or bytes.
 - A ZMQ ROUTER replay socket answers a request `[b"", start_seq (8 bytes, big-endian)]` with
-  every batch it still buffers from `start_seq` on, `[b"", seq, payload]` each, then the end
-  marker `[b"", (-1 as 8 signed bytes), b""]`.
+  every batch it still buffers from `start_seq` on, then an end marker whose sequence frame is
+  -1 (8 signed bytes) with an empty payload. vLLM 0.32 (what tests/real runs) sends each as
+  `[b"", topic, seq, payload]`, end `[b"", b"", -1, b""]`; its earlier publisher (and SGLang's)
+  as `[b"", seq, payload]`, end `[b"", -1, b""]`. Both are read (`decode_replay`).
 
 Pure: bytes in, frozen values out (msgpack is a codec, no I/O).
 """
@@ -188,6 +190,20 @@ def decode_frames(frames: Sequence[bytes]) -> KvBatch:
     if seq == END_SEQ:
         raise KvWireError("end-of-replay marker on the PUB socket")
     return decode_payload(seq, frames[2])
+
+
+def decode_replay(frames: Sequence[bytes]) -> KvBatch | None:
+    """One message from the replay socket, as a DEALER receives it; None for the end marker."""
+    if len(frames) == 4 and frames[0] == b"":
+        seq_frame, payload = frames[2], frames[3]
+    elif len(frames) == 3 and frames[0] == b"":
+        seq_frame, payload = frames[1], frames[2]
+    else:
+        raise KvWireError(f"replay message of {len(frames)} frames, want [b'', topic?, seq, payload]")
+    seq = decode_seq(seq_frame)
+    if seq == END_SEQ:
+        return None
+    return decode_payload(seq, payload)
 
 
 def encode_event(ev: KvEvent) -> dict[str, Any]:

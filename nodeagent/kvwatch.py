@@ -25,12 +25,10 @@ from core import subjects
 from core.events import EndpointSpec, EndpointStatus
 from core.kvblocks import EndpointBlocks, encode_view
 from core.kvwire import (
-    END_SEQ,
     KvBatch,
     KvWireError,
     decode_frames,
-    decode_payload,
-    decode_seq,
+    decode_replay,
     replay_request,
 )
 from nodeagent.engines import Engines, StatusChange
@@ -135,17 +133,13 @@ class KvFollower:
             await dealer.send_multipart(replay_request(start))
             while True:
                 frames = await asyncio.wait_for(dealer.recv_multipart(), self.replay_timeout)
-                if len(frames) != 3:
-                    self.on_malformed("replay message", KvWireError(f"{len(frames)} frames, want 3"))
-                    continue
                 try:
-                    seq = decode_seq(frames[1])
-                    if seq == END_SEQ:
-                        return
-                    batch = decode_payload(seq, frames[2])
+                    batch = decode_replay(frames)
                 except KvWireError as exc:
                     self.on_malformed("replay message", exc)
                     continue
+                if batch is None:
+                    return
                 self.take(batch)
         except TimeoutError:
             log.warning(

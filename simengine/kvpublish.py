@@ -123,10 +123,11 @@ class KvPublisher:
             except ValueError:
                 log.warning("kv events replay: bad start sequence %r", start[:16])
                 continue
+            # vLLM 0.32's replay shape: the topic travels with each batch (core.kvwire).
             for seq, payload in list(self._buffer):
                 if seq >= first:
-                    await router.send_multipart((client, b"", encode_seq(seq), payload))
-            await router.send_multipart((client, b"", encode_seq(END_SEQ), b""))
+                    await router.send_multipart((client, b"", self._topic, encode_seq(seq), payload))
+            await router.send_multipart((client, b"", b"", encode_seq(END_SEQ), b""))
 
     async def close(self) -> None:
         """Stop serving replays and close the sockets."""

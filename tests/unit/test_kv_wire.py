@@ -15,6 +15,7 @@ from core.kvwire import (
     KvWireError,
     decode_frames,
     decode_payload,
+    decode_replay,
     decode_seq,
     encode_payload,
     encode_seq,
@@ -117,3 +118,26 @@ def test_sequence_frames_and_the_end_marker() -> None:
 def test_our_encoding_decodes_to_the_same_events() -> None:
     events = (STORED, BlockRemoved((11,)), AllBlocksCleared())
     assert decode_payload(3, encode_payload(1.0, events)).events == events
+
+
+@pytest.mark.parametrize(
+    ("what", "frames", "seq"),
+    [
+        ("vLLM 0.32: topic with each batch", [b"", b"kv", encode_seq(4), encode_payload(0.0, [STORED])], 4),
+        ("earlier vLLM and SGLang: no topic", [b"", encode_seq(4), encode_payload(0.0, [STORED])], 4),
+        ("vLLM 0.32's end marker", [b"", b"", encode_seq(END_SEQ), b""], None),
+        ("the earlier end marker", [b"", encode_seq(END_SEQ), b""], None),
+    ],
+    ids=lambda v: v if isinstance(v, str) else "",
+)
+def test_replay_messages_of_both_publishers(what: str, frames: list[bytes], seq: int | None) -> None:
+    batch = decode_replay(frames)
+    assert (batch.seq if batch is not None else None) == seq
+    if batch is not None:
+        assert batch.events == (STORED,)
+
+
+@pytest.mark.parametrize("frames", [[b"x", encode_seq(1), b""], [b""], [b"", b"", b"", b"", b""]])
+def test_a_malformed_replay_message_raises(frames: list[bytes]) -> None:
+    with pytest.raises(KvWireError):
+        decode_replay(frames)
