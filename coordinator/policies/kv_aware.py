@@ -48,7 +48,7 @@ class KvAware:
         view: KvView,
         prompt_ids: PromptIds = builtin_prompt_ids,
         *,
-        load_tokens: float = 16.0,
+        load_tokens: float = 64.0,
         load_factor: float = 1.25,
         slack: int = 2,
         recent: int = 65536,
