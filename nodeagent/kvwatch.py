@@ -122,10 +122,11 @@ class KvFollower:
         )
         self.expected = None  # go on from the next batch we get
 
-    async def replay(self, start: int) -> None:
-        """Ask the replay socket for every batch from `start` on and fold them."""
+    async def replay(self, start: int) -> bool:
+        """Ask the replay socket for every batch from `start` on and fold them; True when it
+        answered to the end."""
         if self.addrs.replay is None:
-            return
+            return False
         dealer = self.zctx.socket(zmq.DEALER)
         dealer.setsockopt(zmq.LINGER, 0)
         dealer.connect(self.addrs.replay)
@@ -139,7 +140,7 @@ class KvFollower:
                     self.on_malformed("replay message", exc)
                     continue
                 if batch is None:
-                    return
+                    return True
                 self.take(batch)
         except TimeoutError:
             log.warning(
@@ -149,6 +150,7 @@ class KvFollower:
             )
         finally:
             dealer.close(0)
+        return False
 
     # ------------------------------------------------------------------ publishing
 
@@ -189,7 +191,10 @@ class KvFollower:
         sub.connect(self.addrs.sub)
         publisher = asyncio.create_task(self._publish_loop(), name=f"kvview-{self.key}")
         try:
-            await self.replay(0)  # what the engine stored before we listened
+            # What the engine stored before we listened; an engine that has sent nothing yet
+            # starts at sequence 0, so a first batch lost on the way is a gap like any other.
+            if await self.replay(0) and self.expected is None:
+                self.expected = 0
             while True:
                 await self.on_frames(await sub.recv_multipart())
         finally:
