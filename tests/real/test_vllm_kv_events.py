@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from pathlib import Path
 
@@ -24,8 +25,9 @@ from nodeagent.kvaddr import KvAddrs
 from nodeagent.kvwatch import KvFollower
 from nodeagent.metrics import AgentMetrics
 from tests.integration.nodeagent_harness import free_port
+from tests.real.cluster import cluster_config, real_cluster
 from tests.real.conftest import Timings
-from tests.real.vllm_proc import ENGINE_CONFIG, STARTUP_TIMEOUT, VllmProc, engine_section, post_json
+from tests.real.vllm_proc import ENGINE_CONFIG, STARTUP_TIMEOUT, VllmProc, engine_section, get_text, post_json
 
 pytestmark = [pytest.mark.real, pytest.mark.timeout(1800)]
 
@@ -108,3 +110,36 @@ async def test_vllm_kv_events_name_the_prompts_blocks(
             )
         finally:
             await _stop(task, zctx)
+
+
+async def test_vllm_kv_view_through_the_whole_cluster(
+    tiny_model: Path, tmp_path: Path, timings: Timings
+) -> None:
+    """vLLM launched by a node agent with `kv_events_config` (ipc sockets the agent picks), the
+    agent's view in motor_kvview, the coordinator's fold: a token-id prompt sent through the
+    coordinator shows up as the prompt's blocks in its `/v1/kvview`."""
+    section = engine_section(tiny_model)
+    section["engine_config"] = {
+        **section["engine_config"],
+        "enable_prefix_caching": True,
+        "kv_events_config": {"enable_kv_cache_events": True},
+    }
+    raw = cluster_config(union={**section, "instances": 1})
+    raw["coordinator"] = {**raw["coordinator"], "policy": {"union": "kv_aware"}}
+    async with real_cluster(tmp_path / "c", raw, nodes=1) as rc:
+        took = await rc.wait_for(
+            "the union instance ACTIVE", lambda s: rc.active(Role.UNION), STARTUP_TIMEOUT
+        )
+        timings.add("kv events: cluster start-up to ACTIVE", took)
+        body = {"model": "tiny", "prompt": PROMPT_IDS, "max_tokens": 2, "temperature": 0}
+        await asyncio.to_thread(post_json, f"{rc.base_url}/completions", body)
+        want = len(prompt_chain(PROMPT_IDS, BLOCK))
+        mgmt = rc.cluster.coordinator_url
+
+        def blocks() -> int:
+            view = json.loads(get_text(f"{mgmt}/v1/kvview"))
+            return max((d["blocks"] for d in view["data"]), default=0)
+
+        assert await _until(lambda: blocks() >= want, 30.0), (
+            f"the coordinator's view: {get_text(f'{mgmt}/v1/kvview')}"
+        )
