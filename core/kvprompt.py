@@ -34,3 +34,13 @@ def builtin_prompt_ids(body: dict[str, Any]) -> list[int] | None:
         except (TemplateError, AttributeError, TypeError):
             return None
     return _ids_of(body.get("prompt"))
+
+
+def given_token_ids(body: dict[str, Any]) -> list[int] | None:
+    """The prompt when the client gave it as token ids (what any engine caches as they are)."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], list):
+        prompt = prompt[0]
+    if isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt):
+        return list(prompt)
+    return None

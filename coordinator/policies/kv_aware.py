@@ -10,7 +10,9 @@ Each candidate costs the prompt tokens it would have to compute (those past its 
 prefix) plus `load_tokens` for every request it has running, waiting or in flight from us;
 the cheapest wins, ties rotate. An endpoint loaded past `load_factor` × the mean (plus
 `slack`) gets no credit for its cache, so a hot prefix spills over instead of drowning one
-engine. A prompt the coordinator cannot tokenize is routed by load alone.
+engine. A prompt the coordinator cannot tokenize is routed by load alone: for the builtin
+engine every prompt can be, for other engines only a prompt given as token ids (their
+tokenizers are not in the coordinator).
 
 Between a pick and the view showing its blocks (the engine's event, the agent's next write,
 the fold: a few hundred ms) the policy counts the prompt's blocks on the chosen endpoint as
@@ -32,7 +34,7 @@ from coordinator.policies.base import RequestInfo, allowed
 from coordinator.policies.least_load import LeastLoad
 from coordinator.table import Endpoint
 from core.kvblocks import EndpointView, KvView, prompt_chain
-from core.kvprompt import builtin_prompt_ids
+from core.kvprompt import builtin_prompt_ids, given_token_ids
 
 PromptIds = Callable[[dict[str, Any]], list[int] | None]
 
@@ -118,7 +120,10 @@ class KvAware:
         n = len(eps)
         if n == 0:
             return None
-        ids = self.prompt_ids(req.body) if req.body is not None and len(self.view) else None
+        ids = None
+        if req.body is not None and len(self.view):
+            # Candidates of one model share an engine type (plan.py).
+            ids = self.prompt_ids(req.body) if eps[0].engine_type == "builtin" else given_token_ids(req.body)
         if not ids:
             return self._fallback.select(eps, req)
         limit = self.bound(eps)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -120,3 +121,14 @@ def test_a_burst_follows_its_first_pick_until_the_view_catches_up() -> None:
     v.apply(other, encode_view(BS, NAMES))
     moved = p.select(eps(0, 0), info())
     assert moved is not None and moved.key == other
+
+
+def test_other_engines_match_only_prompts_given_as_token_ids() -> None:
+    """A text prompt tokenized the builtin way means nothing to vLLM's cache: load decides."""
+    vllm = [replace(e, engine_type="vllm") for e in eps(1, 0)]
+    v = KvView()
+    v.apply("n0/0", encode_view(BS, NAMES))
+    chosen = KvAware(v).select(vllm, info())
+    assert chosen is not None and chosen.key == "n1/0"  # least loaded: the text was not matched
+    chosen = KvAware(v).select(vllm, info({"model": "m", "prompt": IDS}))
+    assert chosen is not None and chosen.key == "n0/0"  # token ids are matched on any engine
