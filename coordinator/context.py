@@ -17,6 +17,7 @@ from coordinator.metrics import CoordinatorMetrics
 from coordinator.table import RoutingTable
 from core.coordconfig import CoordinatorConfig
 from core.events import AnyEvent, EventBase
+from core.kvblocks import KvView
 
 
 class EventPublisher(Protocol):
@@ -48,6 +49,7 @@ class CoordinatorContext:
     # The proxy's per-request routing records (`proxy.record.Recorder`: `find(id)`), once built.
     recorder: Any = None
     draining: bool = False  # going away (SIGTERM): not ready, taking no new connection
+    kv: KvView = field(default_factory=KvView)  # what each engine caches (coordinator.kvfeed)
 
     def __post_init__(self) -> None:
         self.metrics.bind_table(self.table, self.caught_up.is_set)

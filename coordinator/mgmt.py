@@ -152,6 +152,7 @@ def create_mgmt_app(ctx: CoordinatorContext) -> FastAPI:
                     "GET /metrics": "Prometheus metrics",
                     "GET /v1/instances": "what the routing table routes",
                     "GET /v1/requests/{id}": "why a recent request went where (its routing record)",
+                    "GET /v1/kvview": "what each engine caches, as kv_aware sees it",
                     "POST /instances/refresh": "refresh instances",
                     "POST /v1/instances/refresh": "refresh instances",
                     "POST /precision/alarm_cleared": "clear precision alarm scheduler state",
@@ -198,6 +199,15 @@ def create_mgmt_app(ctx: CoordinatorContext) -> FastAPI:
                 "not_found",
             )
         return Response(rec.data.model_dump_json(), media_type="application/json")
+
+    @app.get("/v1/kvview")
+    async def kvview(ctx: Ctx) -> Response:
+        """The folded KV view: per endpoint its block size, block count and a digest of its blocks
+        (replicas that folded the same bucket show the same digests)."""
+        kv = ctx.kv
+        return _json(
+            {"object": "kvview", "version": kv.version, "undecodable": kv.undecodable, "data": kv.describe()}
+        )
 
     @app.get("/v1/instances")
     async def instances(ctx: Ctx) -> Response:

@@ -23,6 +23,7 @@ from coordinator.choose import Chooser
 from coordinator.context import CoordinatorContext
 from coordinator.faultlog import FaultLog, FaultOutbox
 from coordinator.feed import follow_log
+from coordinator.kvfeed import KvFeed
 from coordinator.metrics import BREAKER_CLOSED, BREAKER_HALF_OPEN, BREAKER_OPEN
 from coordinator.mgmt import create_mgmt_app, mgmt_access
 from coordinator.policies import Policy, make_policy
@@ -42,6 +43,7 @@ from coordinator.ratelimit import RateLimiter
 from coordinator.table import Incarnation
 from core.coordconfig import CoordinatorConfig
 from core.events import Role
+from core.kvblocks import KvView
 from http1.auth import Guard
 from http1.metrics import HttpCollector
 from streams.connection import NatsOptions, connect
@@ -59,13 +61,13 @@ _BREAKER_GAUGE = {
 }
 
 
-def make_policies(settings: CoordinatorConfig) -> dict[Role, Policy]:
-    """One policy object per role, as the config names them."""
+def make_policies(settings: CoordinatorConfig, kv: KvView | None = None) -> dict[Role, Policy]:
+    """One policy object per role, as the config names them, over the folded KV view."""
     p = settings.policy
     return {
-        Role.UNION: make_policy(p.union),
-        Role.PREFILL: make_policy(p.prefill),
-        Role.DECODE: make_policy(p.decode),
+        Role.UNION: make_policy(p.union, kv),
+        Role.PREFILL: make_policy(p.prefill, kv),
+        Role.DECODE: make_policy(p.decode, kv),
     }
 
 
@@ -149,7 +151,7 @@ def build_proxy(
     table.on_leave = on_leave
     table.schedule = asyncio.get_running_loop().call_soon
     legs = Legs(ups, breakers, metrics=metrics, faults=faults)
-    chooser = Chooser(table, make_policies(s))
+    chooser = Chooser(table, make_policies(s, ctx.kv))
     hedger = Hedger(s.hedge, s.first_token_timeout, lose=ups.pool.exchanges.lose, metrics=metrics)
     attempts = Attempts(
         table, chooser, legs, retries=s.retries, metrics=metrics, faults=faults, hedger=hedger
@@ -220,6 +222,7 @@ class CoordinatorService:
         self.mgmt_server: ProxyServer | None = None
         self._nc: Client | None = None
         self._fold: LiveFold | None = None  # made in start()
+        self._kvfeed: KvFeed | None = None
         self._lifespan: Lifespan | None = None
         self._proxy: Proxy | None = None
 
@@ -239,6 +242,8 @@ class CoordinatorService:
         )
         self._fold = follow_log(ctx, JetStreamLog(self._nc), name=f"coordinator/{self.name}")
         await self._fold.start()
+        self._kvfeed = KvFeed(ctx.kv, JetStreamLog(self._nc))
+        self._kvfeed.start()
         mgmt = create_mgmt_app(ctx)
         self._lifespan = Lifespan(mgmt)
         await self._lifespan.start()
@@ -312,6 +317,8 @@ class CoordinatorService:
         if self._fold is not None:
             with contextlib.suppress(Exception):
                 await self._fold.close()
+        if self._kvfeed is not None:
+            await self._kvfeed.close()
         if self._lifespan is not None:
             await self._lifespan.stop()
         if self._nc is not None:

@@ -174,3 +174,17 @@ def for_event(ev: Any) -> str:
     if placement is None:
         raise SubjectError(f"no subject for event type {getattr(ev, 'type', type(ev).__name__)!r}")
     return placement.subject(ev.data)
+
+
+def kv_view_key(node_id: str, endpoint_id: int) -> str:
+    """The `motor_kvview` bucket key of one endpoint's KV view: `<node>.<endpoint>`, so a node
+    agent's NATS permission can be its own node's keys (`$KV.motor_kvview.<node>.>`)."""
+    return f"{check_token(node_id, 'node id')}.{int(endpoint_id)}"
+
+
+def kv_view_endpoint(key: str) -> str | None:
+    """The routing table's endpoint key (`<node>/<endpoint>`) of a KV view key; None if malformed."""
+    node_id, dot, ep = key.rpartition(".")
+    if not dot or not _TOKEN.match(node_id) or not ep.isdigit():
+        return None
+    return f"{node_id}/{int(ep)}"

@@ -45,6 +45,7 @@ from nodeagent.faults import FaultReporter
 from nodeagent.heartbeat import Heartbeats
 from nodeagent.host import EngineHost, ProcessHost
 from nodeagent.http import HttpView, create_app, serve
+from nodeagent.kvwatch import start_kvwatch
 from nodeagent.metrics import AgentMetrics
 from nodeagent.outbox import Outbox
 from nodeagent.parts import Part, keep_running
@@ -155,8 +156,9 @@ class NodeAgent:
                 session = aiohttp.ClientSession()
                 stack.push_async_callback(session.close)
                 host = ProcessHost(session)
-
             self._engines = Engines(s, host, self._on_change)
+            if (kvwatch := start_kvwatch(s, self.engines, motor, self.metrics)) is not None:
+                stack.push_async_callback(kvwatch.close)  # after the engines stop (LIFO)
             adopted = self.engines.adopt(runstate.load(s.state_file, s.node_id))
             if adopted:
                 log.info("adopted running engines %s of instance %s", adopted, self.engines.instance_id)
@@ -279,9 +281,7 @@ class NodeAgent:
 
     async def register(self, why: str, *, restored: bool = False, restated: bool = False) -> int:
         """Publish `node.registered` with the engines that run here now; return its sequence.
-
-        `restated`: the last registration said again against age-out (its `restored` kept, so
-        a fold that knows the node finds nothing new in it)."""
+        `restated`: the last one said again against age-out (its `restored` kept: nothing new)."""
         running = self.engines.running_ids()
         if restated and self._last_reg is not None:
             restored = self._last_reg.restored

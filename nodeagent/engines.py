@@ -22,6 +22,7 @@ from nodeagent.backends import backend_for
 from nodeagent.backends.launch import LaunchContext, LaunchSpec
 from nodeagent.errors import CommandRefusal
 from nodeagent.health import HealthTracker
+from nodeagent.kvaddr import KvAddrs, kv_addrs
 from nodeagent.loadmetrics import Load
 from nodeagent.runstate import EndpointRun, RunState
 from nodeagent.settings import AgentSettings, device_env, split_devices
@@ -182,6 +183,11 @@ class Engines:
 
     # ------------------------------------------------------------------ start
 
+    def kv_addrs(self, ep: EndpointSpec) -> KvAddrs | None:
+        """Where the endpoint's engine publishes KV events (None: its section publishes none)."""
+        s = self.settings
+        return kv_addrs(s.section, s.state_dir, s.node_id, ep)
+
     def launch_spec(self, cmd: StartCommandData, ep: EndpointSpec) -> LaunchSpec:
         section = self.settings.section
         ctx = LaunchContext(
@@ -193,6 +199,7 @@ class Engines:
             node_rank=cmd.node_rank,
             nnodes=cmd.nnodes,
             python=self.settings.python,
+            kv_events=kv.config if (kv := self.kv_addrs(ep)) is not None else None,
         )
         return backend_for(section.engine_type).launch(ctx)
 

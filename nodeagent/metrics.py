@@ -51,6 +51,30 @@ class AgentMetrics:
             [*labels, "code"],
             registry=self.registry,
         )
+        self.kv_frames_malformed = Counter(
+            "motor_nodeagent_kv_frames_malformed",
+            "KV event messages from an engine that could not be decoded (skipped).",
+            [*labels, "endpoint"],
+            registry=self.registry,
+        )
+        self.kv_gaps = Counter(
+            "motor_nodeagent_kv_gaps",
+            "Gaps in an engine's KV event sequence, by outcome (recovered from its replay socket, or lost).",
+            [*labels, "endpoint", "outcome"],
+            registry=self.registry,
+        )
+        self.kv_view_publishes = Counter(
+            "motor_nodeagent_kv_view_publishes",
+            "Compacted KV views written to the motor_kvview bucket, by outcome.",
+            [*labels, "outcome"],
+            registry=self.registry,
+        )
+        self.kv_view_blocks = Gauge(
+            "motor_nodeagent_kv_view_blocks",
+            "Blocks in the last KV view of each endpoint.",
+            [*labels, "endpoint"],
+            registry=self.registry,
+        )
 
         self.abnormal_streak = Gauge(
             "motor_nodeagent_abnormal_streak",

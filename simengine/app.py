@@ -26,6 +26,7 @@ from simengine.engine import Engine
 from simengine.generation import Generator, close_all
 from simengine.handoff import TRANSFER_PATH, HandoffClient, HandoffStore
 from simengine.injection import FaultError, Faults
+from simengine.kvpublish import KvEventsOptions, KvPublisher
 from simengine.metaserver import MetaServer
 from simengine.native_api import NativeApi
 from simengine.openai_api import ApiError, GenRequest, parse_chat, parse_completion, parse_json
@@ -65,6 +66,7 @@ class BuiltinEngine:
         self._stop = asyncio.Event()
         self._servers: list[Server] = []
         self.seen: deque[GenRequest] = deque(maxlen=SEEN)  # what tests ask: which requests came
+        self.kv_events: KvPublisher | None = None
 
     # ------------------------------------------------------------------ routing
 
@@ -99,6 +101,7 @@ class BuiltinEngine:
         r.add("POST", "/resume", self.resume)
         r.add("GET", "/admin/faults", lambda req: json_response(self.faults.as_dict()))
         r.add("POST", "/admin/faults", self.set_faults)
+        r.add("POST", "/admin/kv_events", self.kv_event_faults)
         r.add("GET", "/admin/requests", self.requests_seen)
         r.add("POST", TRANSFER_PATH, self.kv_transfer)
         r.add("POST", "/v1/metaserver", self.metaserver_forward)
@@ -236,6 +239,20 @@ class BuiltinEngine:
         self.engine.pool.reset_cache()
         return Response(200, b"Cache flushed.", "text/plain")
 
+    def kv_event_faults(self, req: Request) -> Response:
+        """`{"drop": N, "garbage": M}`: the next N KV event batches skip the PUB socket (the
+        replay socket still has them) and M malformed messages go out now."""
+        body = parse_json(req.body)
+        if self.kv_events is None:
+            raise ApiError(400, "this engine publishes no KV events (--kv-events-config)")
+        drop, garbage = (body.get(k, 0) if isinstance(body, dict) else None for k in ("drop", "garbage"))
+        if not all(type(v) is int and v >= 0 for v in (drop, garbage)):
+            raise ApiError(400, "drop and garbage must be non-negative integers")
+        assert isinstance(drop, int) and isinstance(garbage, int)
+        self.kv_events.skip_seqs += drop
+        self.kv_events.send_garbage(garbage)
+        return json_response({"drop": self.kv_events.skip_seqs, "garbage": garbage})
+
     def set_faults(self, req: Request) -> Response:
         try:
             self.faults.update(parse_json(req.body))
@@ -294,6 +311,11 @@ class BuiltinEngine:
         self._servers.append(
             await start_server(self.routes(), s.host, s.port, _on_error, limits=s.http, collector=http)
         )
+        kv_opts = KvEventsOptions.from_config(s.kv_events) if s.kv_events is not None else None
+        if kv_opts is not None:
+            self.kv_events = KvPublisher(kv_opts)
+            self.kv_events.start()
+            self.engine.pool.listener = self.kv_events.push
         if s.bootstrap_port is not None:
             self._servers.append(
                 await start_server(
@@ -316,6 +338,10 @@ class BuiltinEngine:
         await close_all(self.gen)
         await self.metaserver.close()
         self._servers.clear()
+        if self.kv_events is not None:
+            self.engine.pool.listener = None
+            await self.kv_events.close()
+            self.kv_events = None
 
     async def run(self) -> None:
         """Serve until SIGTERM/SIGINT."""

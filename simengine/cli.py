@@ -8,6 +8,7 @@ The node agent starts each builtin engine as its own process with this command l
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 from collections.abc import Sequence
@@ -60,6 +61,16 @@ def build_parser(prog: str = "python -m simengine") -> argparse.ArgumentParser:
     return parser
 
 
+def _json_object(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError("must be a JSON object")
+    return value
+
+
 def add_arguments(b: argparse.ArgumentParser) -> None:
     """Every flag of the engine, on `b` (the engine's own parser or `motor engine builtin`)."""
     b.add_argument("--port", type=_port, required=True, help="business port (OpenAI API, /health, /metrics)")
@@ -87,6 +98,12 @@ def add_arguments(b: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--natural-max-tokens", type=_positive_int, default=256, help="latest EOS without max_tokens"
+    )
+    g.add_argument(
+        "--kv-events-config",
+        type=_json_object,
+        default=None,
+        help="publish KV cache events as vLLM does (JSON: enable_kv_cache_events, endpoint, replay_endpoint)",
     )
     sp = b.add_argument_group("speeds (ignored with --fast)")
     sp.add_argument("--ttft-base-ms", type=_non_negative_float, default=5.0)
@@ -178,6 +195,7 @@ def run(args: argparse.Namespace) -> int:
         bootstrap_timeout_s=args.bootstrap_timeout,
         natural_min_tokens=args.natural_min_tokens,
         natural_max_tokens=args.natural_max_tokens,
+        kv_events=args.kv_events_config,
         speeds=Speeds(
             ttft_base_ms=args.ttft_base_ms,
             prefill_tokens_per_s=args.prefill_tokens_per_s,

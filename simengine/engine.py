@@ -38,6 +38,7 @@ class Job:
         "registered",
         "remote_kv",
         "sent",
+        "tokens",
         "waker",
     )
 
@@ -45,6 +46,7 @@ class Job:
         self.g = g
         self.digest = info.digest
         self.hashes = info.hashes
+        self.tokens = info.tokens
         self.plan = plan
         self.arrival = arrival
         self.prompt_len = info.length
@@ -126,7 +128,7 @@ class Engine:
         return self._admit(job)
 
     def _admit(self, job: Job) -> bool:
-        alloc = self.pool.allocate(job.hashes, job.prompt_len + job.plan.completion_tokens)
+        alloc = self.pool.allocate(job.hashes, job.prompt_len + job.plan.completion_tokens, job.tokens)
         if alloc is None:
             return False
         bs = self.settings.block_size

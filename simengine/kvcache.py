@@ -3,15 +3,21 @@
 Full prompt blocks are named by a chained hash (the block's tokens and its parent's hash), so
 two prompts sharing a prefix share blocks. Freed blocks that carry a hash stay cached until
 their space is needed (LRU eviction). Pure bookkeeping: no I/O, no clock.
+
+With a `listener` the pool tells what it caches the way vLLM's block pool does
+(`core.kvwire`): `BlockStored` when full prompt blocks get a hash (with their token ids and
+the previous block's hash), `BlockRemoved` when a cached block is evicted, `AllBlocksCleared`
+on a reset. `simengine.kvpublish` sends them over vLLM's ZMQ protocol.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from simengine.tokenizer import Token
+from core.kvwire import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
+from simengine.tokenizer import Token, token_ids
 
 
 @dataclass(slots=True)
@@ -47,6 +53,7 @@ class BlockPool:
         self._by_hash: dict[int, int] = {}
         self._evictable: OrderedDict[int, None] = OrderedDict()  # cached, unreferenced; LRU first
         self.used = 0  # blocks with a reference
+        self.listener: Callable[[KvEvent], None] | None = None
 
     def blocks_for(self, num_tokens: int) -> int:
         """Blocks needed to hold `num_tokens` tokens."""
@@ -61,10 +68,13 @@ class BlockPool:
             n += 1
         return n
 
-    def allocate(self, hashes: Sequence[int], num_tokens: int) -> Allocation | None:
+    def allocate(
+        self, hashes: Sequence[int], num_tokens: int, tokens: Sequence[Token] | None = None
+    ) -> Allocation | None:
         """Reserve blocks for `num_tokens` tokens whose full prompt blocks are `hashes`.
 
         Returns None when the blocks are not there now (the caller waits and retries).
+        `tokens` (the prompt's) are what a listener is told the new blocks hold.
         """
         needed = self.blocks_for(num_tokens)
         hit = self.cached_prefix(hashes)
@@ -78,6 +88,7 @@ class BlockPool:
         for b in hit_blocks:
             self._ref(b)
         blocks = hit_blocks
+        stored: list[int] = []  # indexes of the prompt blocks cached now
         for i in range(hit, needed):
             b = self._take()
             self._refs[b] = 1
@@ -85,8 +96,30 @@ class BlockPool:
             if i < len(hashes) and hashes[i] not in self._by_hash:
                 self._hash_of[b] = hashes[i]
                 self._by_hash[hashes[i]] = b
+                stored.append(i)
             blocks.append(b)
+        if stored and self.listener is not None and tokens is not None:
+            self._tell_stored(hashes, stored, tokens)
         return Allocation(blocks, hit)
+
+    def _tell_stored(self, hashes: Sequence[int], stored: list[int], tokens: Sequence[Token]) -> None:
+        """One BlockStored a run of consecutive new blocks, as vLLM groups them."""
+        assert self.listener is not None
+        bs = self.block_size
+        run: list[int] = []
+        for i in [*stored, -1]:
+            if run and i != run[-1] + 1:
+                first = run[0]
+                self.listener(
+                    BlockStored(
+                        tuple(hashes[j] for j in run),
+                        hashes[first - 1] if first > 0 else None,
+                        tuple(token_ids(tokens[first * bs : (run[-1] + 1) * bs])),
+                        bs,
+                    )
+                )
+                run = []
+            run.append(i)
 
     def free(self, alloc: Allocation) -> None:
         """Release a request's blocks; hashed ones stay cached for later prompts."""
@@ -112,6 +145,10 @@ class BlockPool:
             del self._by_hash[self._hash_of.pop(b)]
             self._free.append(b)
         self._evictable.clear()
+        if self.listener is not None:
+            # Blocks running requests hold keep their hashes (a later prompt may still hit
+            # them) but leave the published view: a routing hint lost, nothing wrong.
+            self.listener(AllBlocksCleared())
 
     def _ref(self, b: int) -> None:
         if self._refs[b] == 0:
@@ -123,5 +160,8 @@ class BlockPool:
         if self._free:
             return self._free.pop()
         b, _ = self._evictable.popitem(last=False)
-        del self._by_hash[self._hash_of.pop(b)]
+        h = self._hash_of.pop(b)
+        del self._by_hash[h]
+        if self.listener is not None:
+            self.listener(BlockRemoved((h,)))
         return b

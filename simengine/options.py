@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from core.coordconfig import HttpLimitsConfig
 
@@ -73,6 +73,7 @@ class EngineOptions:
     speeds: Speeds = Speeds()
     faults: FaultSpec = FaultSpec()
     http: HttpLimitsConfig = field(default_factory=HttpLimitsConfig)  # head limits, timeouts, cap
+    kv_events: dict[str, Any] | None = None  # vLLM's --kv-events-config (simengine.kvpublish)
 
     @property
     def public_host(self) -> str:

@@ -12,7 +12,7 @@ from functools import lru_cache
 
 from simengine.kvcache import block_hashes
 from simengine.textgen import Context, context_of, context_of_ids, prompt_digest
-from simengine.tokenizer import tokenize
+from simengine.tokenizer import Token, tokenize
 
 _MEMO_MAX_CHARS = 16384
 
@@ -25,17 +25,24 @@ class PromptInfo:
     digest: bytes  # stable across processes: P/D peers compare it
     ctx: Context  # what the first generated token depends on
     hashes: tuple[int, ...]  # chained hashes of its full KV blocks (this process only)
+    tokens: tuple[Token, ...]  # what KV events say the blocks hold
 
 
 def _of_text(text: str, block_size: int) -> PromptInfo:
     tokens = tokenize(text)
     return PromptInfo(
-        len(tokens), prompt_digest(tokens, text), context_of(text), tuple(block_hashes(tokens, block_size))
+        len(tokens),
+        prompt_digest(tokens, text),
+        context_of(text),
+        tuple(block_hashes(tokens, block_size)),
+        tuple(tokens),
     )
 
 
 def _of_ids(ids: tuple[int, ...], block_size: int) -> PromptInfo:
-    return PromptInfo(len(ids), prompt_digest(ids), context_of_ids(ids), tuple(block_hashes(ids, block_size)))
+    return PromptInfo(
+        len(ids), prompt_digest(ids), context_of_ids(ids), tuple(block_hashes(ids, block_size)), ids
+    )
 
 
 _memo_text = lru_cache(maxsize=4096)(_of_text)

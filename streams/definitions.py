@@ -7,6 +7,7 @@
 | MOTOR_REQ         | motor.req.>                | per-request routing records (7 days, ⅛ of MOTOR) |
 | KV_motor_leader   | $KV.motor_leader.>         | the controller lease (TTL)                     |
 | KV_motor_checkpoints | $KV.motor_checkpoints.> | controller state at a stream sequence          |
+| KV_motor_kvview   | $KV.motor_kvview.>         | each endpoint's cached KV blocks (kv_aware)    |
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ HB_STREAM = "MOTOR_HB"
 REQ_MAX_AGE = 7 * 86400.0
 LEADER_BUCKET = "motor_leader"
 CHECKPOINT_BUCKET = "motor_checkpoints"
+# Key `<node>.<endpoint>` (core.subjects.kv_view_key): the blocks that engine holds now, as
+# its node agent compacted them (nodeagent.kvwatch); the latest value is all a reader needs.
+KVVIEW_BUCKET = "motor_kvview"
 
 DEDUPE_WINDOW = 120.0  # a retried publish within 2 minutes is dropped by Nats-Msg-Id
 HB_MAX_AGE = 3600.0
@@ -151,6 +155,13 @@ def stream_configs(cfg: NatsConfig | None = None, *, lease_ttl: float = LEASE_TT
             ttl=None,
             replicas=replicas,
             description="Motor controller state checkpoints",
+        ),
+        _kv_config(
+            KVVIEW_BUCKET,
+            history=1,
+            ttl=None,
+            replicas=replicas,
+            description="Motor KV cache views: the blocks each engine holds",
         ),
     ]
 

@@ -5,9 +5,9 @@ forbidden action with the role's own credentials):
 
 | role | publishes | reads |
 |---|---|---|
-| `nodeagent-<n>` | `motor.evt.{node,endpoint,fault,snapshot}.<n>`, `motor.hb.<n>`; its durable `nodeagent-<n>` (create with filter `motor.cmd.<n>.>`, info, fetch, acks) | MOTOR events only (`motor.evt.>`) |
+| `nodeagent-<n>` | `motor.evt.{node,endpoint,fault,snapshot}.<n>`, `motor.hb.<n>`, its endpoints' KV views `$KV.motor_kvview.<n>.>`; its durable `nodeagent-<n>` (create with filter `motor.cmd.<n>.>`, info, fetch, acks) | MOTOR events only (`motor.evt.>`) |
 | `controller` | `motor.cmd.>`, `motor.evt.{instance,controller,fault,precision}.>`, the KV buckets `motor_leader` and `motor_checkpoints` | MOTOR, MOTOR_HB |
-| `coordinator` | `motor.evt.refresh.coordinator`, `motor.evt.precision.>`, its fault decisions `motor.evt.{circuit,streams}.>`, its request records `motor.req.>` | MOTOR, MOTOR_HB |
+| `coordinator` | `motor.evt.refresh.coordinator`, `motor.evt.precision.>`, its fault decisions `motor.evt.{circuit,streams}.>`, its request records `motor.req.>` | MOTOR, MOTOR_HB, KV_motor_kvview |
 | `operator` | `motor.evt.fault.>`, `motor.evt.precision.>` (`motor fault`, `motor precision`) | like `inspect` |
 | `inspect` | nothing | every stream, consumer and KV read the `nats` CLI and `motor events` make |
 | `admin` | everything (`motor up` creates the streams with it; `motor events import`) | everything |
@@ -29,10 +29,24 @@ from dataclasses import dataclass
 
 from core import subjects
 from core.requestlog import ALL_REQUESTS, REQ_STREAM
-from streams.definitions import CHECKPOINT_BUCKET, HB_STREAM, LEADER_BUCKET, MOTOR_STREAM, kv_stream
+from streams.definitions import (
+    CHECKPOINT_BUCKET,
+    HB_STREAM,
+    KVVIEW_BUCKET,
+    LEADER_BUCKET,
+    MOTOR_STREAM,
+    kv_stream,
+)
 
 JS_API = "$JS.API"
-ALL_STREAMS = (MOTOR_STREAM, HB_STREAM, REQ_STREAM, kv_stream(LEADER_BUCKET), kv_stream(CHECKPOINT_BUCKET))
+ALL_STREAMS = (
+    MOTOR_STREAM,
+    HB_STREAM,
+    REQ_STREAM,
+    kv_stream(LEADER_BUCKET),
+    kv_stream(CHECKPOINT_BUCKET),
+    kv_stream(KVVIEW_BUCKET),
+)
 # Kinds of event a node agent reports about itself (the SUBJECT of its classes in core.events).
 NODE_EVENT_KINDS = ("node", "endpoint", "fault", "snapshot")
 # The coordinator's own fault decisions (coordinator.circuit_changed, .streams_disrupted).
@@ -147,6 +161,8 @@ def node_agent(node_id: str, node_ids: Iterable[str]) -> NatsUser:
     publish = [
         *evt,
         subjects.heartbeat(node_id),
+        # Its own endpoints' KV views only (the keys are `<node>.<endpoint>`).
+        f"$KV.{KVVIEW_BUCKET}.{node_id}.>",
         *_stream_info(),
         *own_consumer,
         *_follow(MOTOR_STREAM, subjects.ALL_EVENTS),
@@ -192,6 +208,7 @@ def coordinator(node_ids: Iterable[str]) -> NatsUser:
         *_stream_info(),
         *_follow(MOTOR_STREAM),
         *_follow(HB_STREAM),
+        *_follow(kv_stream(KVVIEW_BUCKET)),
     ]
     return NatsUser(
         "coordinator",

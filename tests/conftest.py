@@ -19,20 +19,15 @@ from nats.js import JetStreamContext
 from nats.js.api import StreamConfig
 from nats.js.errors import NotFoundError
 
-from core.requestlog import REQ_STREAM
+from streams import permissions
 from streams.connection import connect
 from streams.definitions import (
-    CHECKPOINT_BUCKET,
-    HB_STREAM,
-    LEADER_BUCKET,
-    MOTOR_STREAM,
     ensure_streams,
-    kv_stream,
 )
 from streams.server import EmbeddedNats
 
 ANCHOR_STREAM = "PYTEST_ANCHOR"
-ALL_STREAMS = (MOTOR_STREAM, HB_STREAM, REQ_STREAM, kv_stream(LEADER_BUCKET), kv_stream(CHECKPOINT_BUCKET))
+ALL_STREAMS = permissions.ALL_STREAMS
 
 
 @pytest_asyncio.fixture(scope="session", loop_scope="session")

@@ -47,7 +47,9 @@ def free_ports(n_nodes: int, nats_servers: int = 1) -> Ports:
         # Below Linux's ephemeral range (32768-60999): a port picked there can be taken by any
         # process's outgoing connection or a vLLM engine's internal socket before our process
         # binds it (test-vllm: the coordinator's port, 'address already in use').
-        base = random.randrange(10000, 28000, 1000)
+        # Steps of 500, not 1000: agents sharing the machine hold the round bases' ports (bench kv
+        # found every one of the 18 busy at once); a block spans base..base+300 plus NATS's +2000/+4000.
+        base = random.randrange(10000, 28000, 500)
         nats = [
             base + off + i for off in (0, NATS_ROUTE_OFFSET, NATS_MONITOR_OFFSET) for i in range(nats_servers)
         ]

@@ -94,5 +94,7 @@ def launch(ctx: LaunchContext) -> LaunchSpec:
     derived: dict[str, Any] = dict(base)
     if ep.bootstrap_port is not None:
         derived["bootstrap_port"] = ep.bootstrap_port
+    if ctx.kv_events is not None:
+        derived["kv_events_config"] = dict(ctx.kv_events)
     options = merge_options(base, engine_options(sec), derived)
     return LaunchSpec(argv=(*program, *to_flags(options)))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from core.config import EngineSection
 from core.events import Capacity, EndpointSpec, Role
@@ -25,6 +25,8 @@ class LaunchContext:
     node_rank: int = 0
     nnodes: int = 1
     python: str = "python3"  # the interpreter that runs `-m simengine` (builtin engine)
+    # The engine's `kv_events_config` with the addresses the agent listens to (nodeagent.kvaddr).
+    kv_events: Mapping[str, Any] | None = None
     # The environment the engine inherits (before the section's `env`): a default a backend
     # adds must not override what the operator already set.
     environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))

@@ -181,6 +181,8 @@ def launch(ctx: LaunchContext) -> LaunchSpec:
     ktc = kv_transfer_config(sec, ctx.role)
     if ktc is not None:
         derived["kv_transfer_config"] = ktc
+    if ctx.kv_events is not None:
+        derived["kv_events_config"] = dict(ctx.kv_events)
     nnodes = max(ctx.nnodes, sec.nodes_per_instance())
     headless = False
     if cross_node(sec, nnodes):

@@ -29,6 +29,7 @@ from nats.js.api import AckPolicy, ConsumerConfig
 from nats.js.errors import KeyNotFoundError
 
 from controller.leader import Lease
+from coordinator.kvfeed import fold_delivery
 from core import subjects
 from core.config import NatsConfig
 from core.events import (
@@ -50,6 +51,7 @@ from core.events import (
     PrecisionAlarmRaisedData,
 )
 from core.ids import new_id
+from core.kvblocks import KvView, encode_view
 from core.state import ClusterState
 from deploy.eventfmt import stream_rows
 from deploy.natsauth import ClusterAuth, prepare
@@ -57,7 +59,14 @@ from nodeagent.commands import durable_name
 from streams.checkpoint import save_checkpoint
 from streams.connection import NatsOptions, connect
 from streams.credentials import PASSWORD_ENV, USER_ENV
-from streams.definitions import HB_STREAM, LEADER_BUCKET, MOTOR_STREAM, ensure_streams
+from streams.definitions import (
+    HB_STREAM,
+    KVVIEW_BUCKET,
+    LEADER_BUCKET,
+    MOTOR_STREAM,
+    ensure_streams,
+    kv_stream,
+)
 from streams.errors import NatsUnavailable, PublishTimeout
 from streams.jetstream import JetStreamLog
 from streams.publisher import Publisher
@@ -280,6 +289,30 @@ async def test_a_node_agent_cannot_speak_for_another_node_or_the_controller(
     # Not the lease either (KV put on motor_leader).
     await refused_request(n1, "$KV.motor_leader.leader", b'{"id": "n1", "term": 99}', caplog=caplog)
     assert await srv.last_seqs() == before
+
+
+async def test_a_node_agent_writes_only_its_own_endpoints_kv_views_and_a_coordinator_reads_them(
+    srv: AuthServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`$KV.motor_kvview.<node>.>` is the node's own (nodeagent.kvwatch); coordinators only read."""
+    caplog.set_level(logging.WARNING)
+    n1 = await srv.login("nodeagent-n1")
+    view = encode_view(16, [1, 2, 3])
+    assert await JetStreamLog(n1).kv(KVVIEW_BUCKET).put("n1.0", view) > 0
+    await refused_request(n1, f"$KV.{KVVIEW_BUCKET}.n2.0", view, caplog=caplog)
+    coord = await srv.login("coordinator")
+    await refused_request(coord, f"$KV.{KVVIEW_BUCKET}.n1.0", view, caplog=caplog)
+    kv = KvView()
+    consumer = JetStreamLog(coord).ordered(kv_stream(KVVIEW_BUCKET))
+    await consumer.start()
+    try:
+        for d in await asyncio.wait_for(consumer.next_batch(), 10):
+            fold_delivery(kv, d)
+    finally:
+        await consumer.close()
+    got = kv.get("n1/0")
+    assert got is not None and got.blocks == frozenset({1, 2, 3})
+    assert kv.keys() == ["n1/0"]
 
 
 async def test_a_node_agent_cannot_touch_another_nodes_command_consumer(

@@ -95,3 +95,35 @@ def test_reset_cache_forgets_unreferenced_prefixes() -> None:
     pool.reset_cache()
     assert pool.cached_prefix(block_hashes(["a", "b"], 2)) == 0
     assert pool.allocate([], 8) is not None
+
+
+def test_pool_tells_what_it_caches_as_vllm_does() -> None:
+    """BlockStored with token ids and the previous block's hash, BlockRemoved on eviction,
+    AllBlocksCleared on a reset; folded the node agent's way, they name the prompt's chain."""
+    from core.kvblocks import EndpointBlocks, prompt_chain
+    from core.kvwire import AllBlocksCleared, BlockRemoved, BlockStored, KvEvent
+    from simengine.tokenizer import token_ids
+
+    events: list[KvEvent] = []
+    pool = BlockPool(num_blocks=4, block_size=2)
+    pool.listener = events.append
+    a = ["x", "y", "z", "w"]
+    alloc = pool.allocate(block_hashes(a, 2), 4, a)
+    assert alloc is not None
+    (ev,) = events
+    assert isinstance(ev, BlockStored) and ev.parent is None and len(ev.block_hashes) == 2
+    b = [*a, "v", "u"]  # shares a's two blocks, adds one
+    pool.free(alloc)
+    alloc_b = pool.allocate(block_hashes(b, 2), 6, b)
+    assert alloc_b is not None and alloc_b.cached_blocks == 2
+    new = events[1]
+    assert isinstance(new, BlockStored) and new.parent == ev.block_hashes[-1]
+    folded = EndpointBlocks()
+    folded.apply_all(events)
+    assert folded.chains() == prompt_chain(token_ids(b), 2)
+    pool.free(alloc_b)
+    c = ["p", "q", "r", "s"]  # needs two blocks: one free, one evicted (a's first, LRU)
+    assert pool.allocate(block_hashes(c, 2), 4, c) is not None
+    assert any(isinstance(e, BlockRemoved) for e in events)
+    pool.reset_cache()
+    assert isinstance(events[-1], AllBlocksCleared)
