@@ -17,7 +17,7 @@ import aiohttp
 import pytest
 
 from core.events import InstanceState
-from tests.localcluster import Harness, cluster_config, running_cluster
+from tests.localcluster import Harness, cluster_config, kill_child, restart_child, running_cluster
 
 SYSTEM = "You are the support assistant of a control plane for distributed inference. " * 40
 
@@ -237,13 +237,13 @@ async def test_a_new_replica_is_not_cache_blind(kvh: Harness) -> None:
     """A replica started now (killed -9 and started again) folds every engine's view at once."""
     h = kvh
     name = h.cluster.coordinator_names()[-1]
-    h.cluster.kill_child(name)
+    kill_child(h.cluster, name)
     child = h.cluster.child(name)
     assert child.proc is not None
     await asyncio.to_thread(child.proc.wait, 10)
     sock = h.cluster.probe_socket(name)
     sock.unlink(missing_ok=True)
-    h.cluster.restart_child(name)
+    restart_child(h.cluster, name)
 
     async def answers() -> bool:
         try:
