@@ -228,7 +228,7 @@ async def _run_up(cluster: Any, *, live: bool) -> int:
     from rich.console import Console
 
     from deploy.status import ready_summary, status_table
-    from deploy.watch import StateWatcher
+    from deploy.watch import StateWatcher, coordinator_serves
     from streams.connection import connect
     from streams.definitions import MOTOR_STREAM
     from streams.placement import StreamPlacement, stream_placement
@@ -304,7 +304,7 @@ async def _run_up(cluster: Any, *, live: bool) -> int:
                             f"last lines of {child.log}:\n{tail}"
                         )
                 active, total = ready_summary(state)
-                if not announced and active > 0:
+                if not announced and active > 0 and await coordinator_serves(cluster.coordinator_url):
                     announced = True
                     took = time.monotonic() - t0
                     console.print(_urls(cluster, state, took), soft_wrap=True)

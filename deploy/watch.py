@@ -76,3 +76,19 @@ async def snapshot_state(nc: Any) -> ClusterState:
         with contextlib.suppress(Exception):  # a heartbeat the reducer cannot use changes nothing
             state = apply(state, rec.event, 0)  # not a MOTOR sequence
     return state
+
+
+async def coordinator_serves(base: str) -> bool:
+    """Whether the coordinator says it can serve (its `/readiness`: some model has a usable
+    path), which an ACTIVE instance alone does not make so (a P/D pair's decode serves no
+    request without its prefill)."""
+    import aiohttp
+
+    try:
+        async with (
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as s,
+            s.get(f"{base}/readiness") as r,
+        ):
+            return r.status == 200
+    except (aiohttp.ClientError, TimeoutError, OSError):
+        return False
