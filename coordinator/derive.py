@@ -21,6 +21,10 @@ log = logging.getLogger(__name__)
 # Instance states whose READY endpoints take traffic. DEGRADED means "serving, part of it
 # unhealthy": its READY endpoints still serve; the unhealthy ones are not READY.
 ROUTABLE_STATES = frozenset({InstanceState.ACTIVE, InstanceState.DEGRADED})
+# Not routable because it failed, not because it is between states (assembling, starting, a
+# lost log's re-adoption): what ends the exchanges under way on it (`RoutingTable.on_leave`).
+FAILED_STATES = frozenset({InstanceState.ISOLATED, InstanceState.INACTIVE, InstanceState.TERMINATED})
+FAILED_STATUSES = frozenset({EndpointStatus.ABNORMAL, EndpointStatus.DEAD, EndpointStatus.STOPPED})
 
 
 @dataclass(slots=True)
@@ -30,6 +34,7 @@ class Derived:
     ep: Endpoint
     routable: bool
     why: str  # why not routable, for GET /v1/instances
+    failed: bool = False  # not routable because its engine or instance failed (see FAILED_STATES)
 
 
 def _alarmed(state: ClusterState) -> frozenset[int]:
@@ -79,16 +84,19 @@ def derive(
                     avail_blocks=load.avail_blocks if load else 0,
                 )
                 status = node.endpoint_status.get(es.id) if node is not None else None
+                failed = False
                 if not inst_ok:
                     why = f"instance {spec.instance_id} is {inst.state.value}"
+                    failed = inst.state in FAILED_STATES
                 elif node is None:
                     why = f"node {member.node_id} is not registered"
                 elif node.instance_id != spec.instance_id:
                     why = f"node {member.node_id} left instance {spec.instance_id}"
                 elif status != EndpointStatus.READY:
                     why = f"endpoint {key} is {status.value if status else 'not started'}"
+                    failed = status in FAILED_STATUSES
                 elif alarm:
-                    why = f"precision alarm on instance {spec.instance_id}"
+                    why, failed = f"precision alarm on instance {spec.instance_id}", True
                 else:
                     why = ""
                 if (
@@ -106,7 +114,7 @@ def derive(
                     )
                 ):
                     why = ""  # held across a lost log while the new log re-adopts it
-                out[key] = Derived(ep, not why, why)
+                out[key] = Derived(ep, not why, why, failed and bool(why))
     for ext_id, raw in s.external.items():
         try:
             eps = external_endpoints(ext_id, raw)
@@ -117,7 +125,7 @@ def derive(
             continue
         why = f"precision alarm on instance {ext_id}" if ext_id in alarmed else ""
         for ep in eps:
-            out[ep.key] = Derived(ep, not why, why)
+            out[ep.key] = Derived(ep, not why, why, bool(why))
     return out
 
 

@@ -295,8 +295,10 @@ class RoutingTable:
             d = derived.get(ep.key)
             if d is None:
                 on_leave(ep.key, "gone from the log")
-            elif not d.routable:
-                on_leave(ep.key, d.why or "not routable")
+            elif not d.routable and d.failed:
+                # Failed, not between states: an instance re-assembled or re-adopted after a
+                # lost log is briefly INITIAL while its engine serves on; that ends nothing.
+                on_leave(ep.key, d.why)
 
     def _rebuild(self) -> None:
         nodes = self._state.nodes

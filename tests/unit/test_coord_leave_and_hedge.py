@@ -65,6 +65,22 @@ def test_an_endpoint_that_stops_being_routable_is_said_to_leave(event: EventBase
     assert why in w.left[0][1].lower()
 
 
+@pytest.mark.parametrize(
+    "event",
+    [
+        instance_state(1, InstanceState.INITIAL),  # re-assembled (a lost log's re-adoption)
+        instance_state(1, InstanceState.RECOVERING),
+        endpoint_status("n1", 0, EndpointStatus.STARTING, 1),
+    ],
+)
+def test_an_endpoint_between_states_leaves_routing_without_ending_its_requests(event: EventBase) -> None:
+    w = two_unions()
+    w.apply(event)
+    w.run_soon()
+    assert [e.key for e in w.t.routable()] == ["n2/0"]  # no new request goes there
+    assert w.left == []  # but what it serves goes on: its engine did not fail
+
+
 def test_a_burst_of_events_is_checked_once_and_nothing_left_says_nothing() -> None:
     w = two_unions()
     w.apply(*instance_events(3, Role.UNION), endpoint_status("n2", 0, EndpointStatus.READY, 2))
