@@ -42,10 +42,6 @@ class Exchanges:
         if live is not None:
             live.discard(conn)
 
-    def on(self, key: str) -> int:
-        """How many exchanges are under way on endpoint `key`."""
-        return len(self.by_key.get(key, ()))
-
     def leave(self, key: str, why: str) -> int:
         """Endpoint `key` left routing: end every exchange on it. Returns how many."""
         live = self.by_key.get(key)

@@ -166,7 +166,6 @@ class Recorder:
         self.rng = rng or random.Random()
         self.ring: OrderedDict[str, Trace] = OrderedDict()
         self.by_client: dict[str, str] = {}
-        self.written = 0
 
     def begin(
         self, root: str, client_id: str | None, route: str, model: str | None, stream: bool, log_seq: int, t0: float
@@ -234,7 +233,6 @@ class Recorder:
         else:
             return  # an ordinary request: the ring has it
         if why:
-            self.written += 1
             self.post(t.record(self.coordinator, why))
 
     def find(self, request_id: str) -> RequestRecorded | None:
