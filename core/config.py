@@ -221,6 +221,9 @@ class ControllerConfig(Strict):
     restart_reset_after: float = Field(300.0, gt=0)
     restart_limit: int = Field(5, ge=2)
     failover_hold: float = Field(300.0, gt=0)
+    # How long a drain the controller starts (scale-down, a rolling restart's step) lets an
+    # instance finish what it carries before its engines stop; `motor drain`'s default too.
+    drain_timeout: float = Field(30.0, ge=0, le=86400)
     # Keys for the HTTP API (all but /liveness, /readiness and, if public, /metrics); none: open.
     api_keys: list[str] = Field(default_factory=list)
     api_keys_file: str | None = None  # one key a line; env MOTOR_CONTROLLER_API_KEYS wins
@@ -250,6 +253,12 @@ class NodeAgentConfig(Strict):
     # command_attempts deliveries in all; then it is refused (`handler_failed`).
     command_attempts: int = Field(3, ge=1)
     command_retry_delay: float = Field(1.0, gt=0)
+    # On SIGTERM (a pod's PreStop, `motor up` stopping) a node agent whose engines serve first
+    # drains them: out of routing at once, then at most this long to finish what they carry.
+    drain_timeout: float = Field(30.0, ge=0, le=86400)
+    # A drain calls an engine idle after it had no request running or waiting this long (a
+    # request routed just before the coordinators folded the drain still lands).
+    drain_settle: float = Field(1.0, ge=0, le=60)
 
 
 class ClusterConfig(Strict):

@@ -176,6 +176,8 @@ class CommandAppliedData(Frozen):
     node_id: str
     verb: Literal["start", "stop"]
     instance_id: InstanceId | None = None
+    # A graceful stop's outcome: how its engines finished what they carried (drain).
+    detail: str = ""
 
 
 # `command.refused` code of a command older than the newest leader term its node obeyed.
@@ -371,3 +373,6 @@ class StopCommandData(Frozen):
     endpoint_ids: tuple[EndpointId, ...] = ()  # empty: every endpoint of the node
     reason: str = ""
     term: Term = 0  # the sending leader's lease term, as on StartCommandData
+    # > 0: a graceful stop (a drain): the node waits until its engines have no request running
+    # or waiting (at most this long), then stops them.
+    drain_timeout: Duration = 0.0

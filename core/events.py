@@ -52,6 +52,13 @@ from core.eventdata import (
     StopCommandData,
     StreamsDisruptedData,
 )
+from core.opsdata import (
+    DrainRequestedData,
+    RolloutCompletedData,
+    RolloutRequestedData,
+    ScaleRequestedData,
+    UncordonedData,
+)
 
 __all__ = [
     "ALL_EVENTS",
@@ -65,6 +72,8 @@ __all__ = [
     "CommandAppliedData",
     "CommandRefused",
     "CommandRefusedData",
+    "DrainRequested",
+    "DrainRequestedData",
     "EndpointLoad",
     "EndpointSpec",
     "EndpointStatus",
@@ -100,6 +109,12 @@ __all__ = [
     "PrecisionAlarmRaised",
     "PrecisionAlarmRaisedData",
     "Role",
+    "RolloutCompleted",
+    "RolloutCompletedData",
+    "RolloutRequested",
+    "RolloutRequestedData",
+    "ScaleRequested",
+    "ScaleRequestedData",
     "SnapshotCheckpoint",
     "SnapshotCheckpointData",
     "SnapshotPhase",
@@ -109,6 +124,8 @@ __all__ = [
     "StopCommandData",
     "StreamsDisrupted",
     "StreamsDisruptedData",
+    "Uncordoned",
+    "UncordonedData",
 ]
 
 
@@ -238,6 +255,39 @@ class StopCommand(EventBase):
     SUBJECT = subjects.to_node("stop")
 
 
+# --------------------------------------------------------------------------- the operator's
+
+
+class DrainRequested(EventBase):
+    type: Literal["operator.drain_requested"] = "operator.drain_requested"
+    data: DrainRequestedData
+    SUBJECT = subjects.about("drain", "entity")
+
+
+class Uncordoned(EventBase):
+    type: Literal["operator.uncordoned"] = "operator.uncordoned"
+    data: UncordonedData
+    SUBJECT = subjects.about("cordon", "node_id")
+
+
+class ScaleRequested(EventBase):
+    type: Literal["operator.scale_requested"] = "operator.scale_requested"
+    data: ScaleRequestedData
+    SUBJECT = subjects.about("scale", "role")
+
+
+class RolloutRequested(EventBase):
+    type: Literal["operator.rollout_requested"] = "operator.rollout_requested"
+    data: RolloutRequestedData
+    SUBJECT = subjects.about("rollout", "rollout_id")
+
+
+class RolloutCompleted(EventBase):
+    type: Literal["controller.rollout_completed"] = "controller.rollout_completed"
+    data: RolloutCompletedData
+    SUBJECT = subjects.about("rollout", "rollout_id")
+
+
 # --------------------------------------------------------------------------- the coordinator's
 
 
@@ -282,7 +332,12 @@ AnyEvent = Annotated[
     | CircuitChanged
     | StreamsDisrupted
     | StartCommand
-    | StopCommand,
+    | StopCommand
+    | DrainRequested
+    | Uncordoned
+    | ScaleRequested
+    | RolloutRequested
+    | RolloutCompleted,
     Field(discriminator="type"),
 ]
 

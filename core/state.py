@@ -25,6 +25,7 @@ from core.events import (
     StartCommandData,
     StopCommandData,
 )
+from core.opsstate import NO_OPERATIONS, Operations, ops_from_dict, ops_to_dict
 
 CommandStatus = Literal["pending", "applied", "refused"]
 
@@ -153,6 +154,8 @@ class ClusterState:
     # history where ids come back out of order: "below next_instance_id" no longer means
     # "terminated", this does (controller.assembly re-adopts the rest).
     retired: frozenset[int] = frozenset()
+    # Drains under way, cordoned nodes, run-time scale, rolling restarts (`core.opsstate`).
+    ops: Operations = NO_OPERATIONS
     next_order: int = 0
     last_seq: int = 0
     last_ts: float = 0.0
@@ -273,6 +276,7 @@ def state_to_dict(state: ClusterState) -> dict[str, Any]:
         "leader_ts": state.leader_ts,
         "next_instance_id": state.next_instance_id,
         "retired": sorted(state.retired),
+        "ops": ops_to_dict(state.ops),
         "next_order": state.next_order,
         "last_seq": state.last_seq,
         "last_ts": state.last_ts,
@@ -350,6 +354,7 @@ def state_from_dict(raw: dict[str, Any]) -> ClusterState:
         leader_ts=raw["leader_ts"],
         next_instance_id=raw["next_instance_id"],
         retired=_retired(raw, instances),
+        ops=ops_from_dict(raw.get("ops")),
         next_order=raw["next_order"],
         last_seq=raw["last_seq"],
         last_ts=raw["last_ts"],

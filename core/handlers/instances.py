@@ -95,10 +95,14 @@ def _state_changed(s: ClusterState, ev: InstanceStateChanged, seq: int) -> Chang
         alarms = s.alarms
         if d.instance_id in alarms:
             alarms = alarms.delete(d.instance_id)
+        ops = s.ops
+        if d.instance_id in ops.drains:  # drained (or replaced while draining): over
+            ops = replace(ops, drains=ops.drains.delete(d.instance_id))
         return dict(
             instances=s.instances.delete(d.instance_id),
             nodes=nodes,
             alarms=alarms,
+            ops=ops,
             retired=s.retired | {d.instance_id},
         )
     active = d.state == InstanceState.ACTIVE
