@@ -15,6 +15,7 @@ after their registration, its nodes are held out of new instances.
 from __future__ import annotations
 
 from controller.instance_rules import terminate
+from controller.operation_rules import wanted
 from controller.rule_context import Cause, Ctx, Decision
 from controller.state_queries import assemblable, is_borrowed, stop_outstanding
 from core.bounds import MAX_INSTANCE_ID
@@ -84,24 +85,25 @@ class _Plan:
         borrowed = [i for i in mine if is_borrowed(state, i)]
         own = len(mine) - len(borrowed)
         npi = sec.nodes_per_instance()
-        made = self.readopt(role, sec, npi, sec.instances - own) if own < sec.instances else 0
+        want = wanted(self.ctx, role, sec)
+        made = self.readopt(role, sec, npi, want - own) if own < want else 0
         # Free nodes are listed once: only this loop's own picks change who is free, and a list
         # per instance made a cold start of n nodes cost n**2 checks (20 s of decide at 4000).
-        free = self.free(role, sec) if own + made < sec.instances else []
+        free = self.free(role, sec) if own + made < want else []
         used = 0
-        while own + made < sec.instances:
+        while own + made < want:
             picked = free[used : used + npi]
             if len(picked) < npi:
                 break
             used += npi
             made += 1
-            self.add(role, sec, picked, f"{own + made}/{sec.instances}")
+            self.add(role, sec, picked, f"{own + made}/{want}")
         if role != Role.DECODE or not self.ctx.cfg.controller.scale_p2d:
             return
         if borrowed:
-            self.give_back(role, mine, borrowed, sec)
-        elif own + made < sec.instances:
-            self.borrow(sec, npi, f"{own + made + 1}/{sec.instances}")
+            self.give_back(role, mine, borrowed, want)
+        elif own + made < want:
+            self.borrow(sec, npi, f"{own + made + 1}/{want}")
 
     def readopt(self, role: Role, sec: EngineSection, npi: int, wanted: int) -> int:
         """Assemble again, under their ids, lost instances whose nodes all came back running them."""
@@ -248,11 +250,11 @@ class _Plan:
         self._terminate(victim, Cause(f.seq, f.event_id, why))
 
     def give_back(
-        self, role: Role, mine: list[InstanceRecord], borrowed: list[InstanceRecord], sec: EngineSection
+        self, role: Role, mine: list[InstanceRecord], borrowed: list[InstanceRecord], want: int
     ) -> None:
         """Enough own decode instances are ACTIVE again: return the borrowed nodes to prefill."""
         own_active = [i for i in mine if i not in borrowed and i.state == InstanceState.ACTIVE]
-        if len(own_active) < sec.instances:
+        if len(own_active) < want:
             return
         victim = next(
             (i for i in sorted(borrowed, key=lambda i: i.instance_id) if i.instance_id not in self.busy), None

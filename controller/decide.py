@@ -14,6 +14,7 @@ from controller.cleanup import cleanup
 from controller.heard import Hearing
 from controller.instance_rules import reconcile, replace_cause
 from controller.liveness import liveness
+from controller.operation_rules import rollouts, scale_down
 from controller.restate import restate
 from controller.rule_context import Ctx, Decision
 from controller.start_rules import stop_again
@@ -79,6 +80,8 @@ def decide(
     out += stop_again(ctx)
     if not replacing and not any(_frees(d) for d in out):
         out += assemble(ctx, busy)
+        out += scale_down(ctx, busy)
+    out += rollouts(ctx, out)
     # Restating an instance this batch moves would restate the state it leaves. Before the
     # heartbeat moves, and blind to them: a replay of MOTOR alone (no heartbeats) must make the
     # same restatements, and a heartbeat move of the same instance lands after its restatement.

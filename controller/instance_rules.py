@@ -14,6 +14,7 @@ fault). The count travels in the start command (`restarts`), so it is read from 
 
 from __future__ import annotations
 
+from controller.operation_rules import drain_step
 from controller.rule_context import Cause, Ctx, Decision
 from controller.start_rules import restarts_of, start_or_give_up, starts
 from controller.state_queries import (
@@ -40,6 +41,9 @@ def reconcile(ctx: Ctx, inst: InstanceRecord) -> list[Decision]:
     cause = replace_cause(ctx, inst, maybe_nodes)
     if cause is not None:
         return terminate(ctx, inst, cause, isolate_first=True)
+    drained = drain_step(ctx, inst)
+    if drained is not None:
+        return drained  # draining: it finishes what it carries and stops; nothing restarts it
     nodes = [n for n in maybe_nodes if n is not None]
     cause = _restart_cause(ctx, inst, nodes)
     if cause is not None:

@@ -127,14 +127,27 @@ class Ctx:
             )
         )
 
-    def stop(self, node: NodeRecord, instance_id: int | None, cause: Cause, tag: str = "stop") -> Decision:
-        """Stop the node's engines; the id names the start and the stop it follows (not the cause)."""
+    def stop(
+        self,
+        node: NodeRecord,
+        instance_id: int | None,
+        cause: Cause,
+        tag: str = "stop",
+        drain_timeout: float = 0.0,
+    ) -> Decision:
+        """Stop the node's engines (gracefully, finishing what they carry within `drain_timeout`,
+        when it is > 0); the id names the start and the stop it follows (not the cause)."""
         node_id = node.node_id
         last_start = node.start_cmd.data.command_id if node.start_cmd is not None else ""
         last_stop = node.stop_cmd.data.command_id if node.stop_cmd is not None else ""
         cid = derive_id(tag, node_id, instance_id, last_start, last_stop)
         data = StopCommandData(
-            command_id=cid, node_id=node_id, instance_id=instance_id, reason=cause.reason, term=self.term
+            command_id=cid,
+            node_id=node_id,
+            instance_id=instance_id,
+            reason=cause.reason,
+            term=self.term,
+            drain_timeout=drain_timeout,
         )
         return Decision(
             StopCommand(id=cid, ts=self.now, source=self.source, caused_by=cause.caused_by(), data=data)

@@ -109,6 +109,8 @@ def assemblable(state: ClusterState, node: NodeRecord, engine_type: str, idx: In
     """Free, healthy, quiet: the node can join a new instance now."""
     if node.node_id in idx.member_of or node.node_id in idx.blocked or not node.reg.endpoints:
         return False
+    if node.node_id in state.ops.cordoned:
+        return False  # drained for maintenance: `motor uncordon` gives it back
     if node.reg.engine_type != engine_type or stop_outstanding(node):
         return False
     snap = state.snapshots.get(node.node_id)
