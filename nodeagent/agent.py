@@ -24,6 +24,7 @@ from typing import Any
 import aiohttp
 
 from core.events import (
+    DrainRequested,
     EndpointStatus,
     EndpointStatusChanged,
     EndpointStatusChangedData,
@@ -38,8 +39,10 @@ from core.events import (
 )
 from core.ids import new_id
 from nodeagent import runstate
+from nodeagent.agentstatus import agent_status
 from nodeagent.command_handler import CommandHandler
 from nodeagent.commands import CommandConsumer
+from nodeagent.drain import sigterm_drain, wait_idle
 from nodeagent.engines import Engines, StatusChange
 from nodeagent.faults import FaultReporter
 from nodeagent.heartbeat import Heartbeats
@@ -184,6 +187,7 @@ class NodeAgent:
                 self.metrics,
                 self._snapshot,
                 clock=self.clock,
+                monotonic=self.monotonic,
             )
             consumer = CommandConsumer(
                 motor,
@@ -249,6 +253,7 @@ class NodeAgent:
             log.info("node agent %s up: %s, HTTP on %s", s.node_id, s.role.value, self.agent_url)
             await stop.wait()
             log.info("node agent %s shutting down", s.node_id)
+            await self._drain_before_stop()
             consumer.stop()
             await self._stop_parts(tasks)
             await self._shutdown()
@@ -266,6 +271,16 @@ class NodeAgent:
 
     def _part_restarted(self, name: str) -> None:
         self.metrics.part_restarts.labels(self.settings.node_id, name).inc()
+
+    async def _drain_before_stop(self) -> None:
+        """On SIGTERM, engines that serve finish what they carry first (`nodeagent.drain_timeout`)."""
+        data = sigterm_drain(self.settings, self.engines, self.source)
+        if data is not None:
+            self.outbox.post(self._event(DrainRequested, data, data.drain_id))
+            log.info("draining instance %s before stopping (at most %.0fs)", data.instance_id, data.timeout)
+            settle = self.settings.config.nodeagent.drain_settle
+            drained = await wait_idle(self.engines, (), data.timeout, settle, self.monotonic)
+            log.info("instance %s: %s", data.instance_id, drained.detail())
 
     async def _shutdown(self) -> None:
         keep = self.settings.keep_engines
@@ -373,28 +388,6 @@ class NodeAgent:
 
     def status(self) -> dict[str, Any]:
         """What `/node-manager/status` shows."""
-        s = self.settings
-        eps = self._engines.endpoints.values() if self._engines is not None else []
-        return {
-            "status": self.ready(),
-            "node_id": s.node_id,
-            "role": s.role.value,
-            "job_name": self.job_name,
-            "engine_type": s.section.engine_type,
-            "registered": self.registered,
-            "instance_id": self._engines.instance_id if self._engines is not None else None,
-            "snapshot": self._snapshot.phase.value if self._snapshot and self._snapshot.phase else None,
-            "endpoints": [
-                {
-                    "id": ep.spec.id,
-                    "status": ep.status.value if ep.status else None,
-                    "reason": ep.reason,
-                    "pid": ep.proc.pid,
-                    "live": ep.live,
-                    "business_port": ep.spec.business_port,
-                    "exit_code": ep.exit_code,
-                    "log_file": str(ep.log_file),
-                }
-                for ep in eps
-            ],
-        }
+        return agent_status(
+            self.settings, self.job_name, self.registered, self.ready(), self._engines, self._snapshot
+        )

@@ -30,6 +30,7 @@ from core.events import (
 from core.ids import derive_id
 from nodeagent import runstate
 from nodeagent.commands import Command
+from nodeagent.drain import wait_idle
 from nodeagent.engines import Engines
 from nodeagent.errors import CommandRefusal, Refusal
 from nodeagent.metrics import AgentMetrics
@@ -49,7 +50,7 @@ def verb_of(cmd: Command) -> Verb:
 
 
 def answer(
-    node_id: str, source: str, cmd: Command, outcome: Outcome, *, ts: float | None = None
+    node_id: str, source: str, cmd: Command, outcome: Outcome, *, ts: float | None = None, detail: str = ""
 ) -> CommandApplied | CommandRefused:
     """The event answering `cmd` (at `ts`, default now); its id derives from the command's, so
     a repeated answer is one."""
@@ -69,7 +70,7 @@ def answer(
         )
         return CommandRefused(id=eid, ts=when, source=source, data=refused)
     applied = CommandAppliedData(
-        command_id=d.command_id, node_id=node_id, verb=verb, instance_id=d.instance_id
+        command_id=d.command_id, node_id=node_id, verb=verb, instance_id=d.instance_id, detail=detail
     )
     return CommandApplied(id=eid, ts=when, source=source, data=applied)
 
@@ -145,9 +146,11 @@ class CommandHandler:
         snapshot: Snapshot | None = None,
         *,
         clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.settings = settings
         self.clock = clock
+        self.monotonic = monotonic
         self.node_id = settings.node_id
         self.source = f"nodeagent/{settings.node_id}"
         self.job_name = job_name
@@ -172,16 +175,17 @@ class CommandHandler:
                 self.engines.report(ids, cmd.data.instance_id, f"as of start {d.command_id}, answered again")
             return
         outcome: Outcome = "applied"
+        detail = ""
         try:
             self._newer_term(d.term)
             if isinstance(cmd, StartCommand):
                 await self._start(cmd, seq)
             else:
-                await self._stop(cmd)
+                detail = await self._stop(cmd)
         except CommandRefusal as r:
             log.warning("command %s (%s) at seq %d refused: %s", d.command_id, verb_of(cmd), seq, r)
             outcome = r.refusal
-        await self.send(answer(self.node_id, self.source, cmd, outcome, ts=self.clock()))
+        await self.send(answer(self.node_id, self.source, cmd, outcome, ts=self.clock(), detail=detail))
         self.engines.remember(d.command_id, outcome)
         result = "refused" if isinstance(outcome, Refusal) else "applied"
         self.metrics.commands.labels(self.node_id, verb_of(cmd), result).inc()
@@ -225,7 +229,8 @@ class CommandHandler:
         if self.snapshot is not None:
             self.snapshot.prepare(d)
 
-    async def _stop(self, cmd: StopCommand) -> None:
+    async def _stop(self, cmd: StopCommand) -> str:
+        """Stop the engines the command names; a drain waits for them to go idle first."""
         d = cmd.data
         if d.node_id != self.node_id:
             raise CommandRefusal("wrong_node", f"command is for node {d.node_id!r}, this is {self.node_id!r}")
@@ -234,5 +239,15 @@ class CommandHandler:
             log.info(
                 "stop %s for instance %d, this node runs %d: nothing to do", d.command_id, d.instance_id, mine
             )
-            return
+            return ""
+        detail = ""
+        if d.drain_timeout > 0 and self.engines.endpoints:
+            log.info(
+                "drain %s: waiting up to %.0fs for the engines to go idle", d.command_id, d.drain_timeout
+            )
+            settle = self.settings.config.nodeagent.drain_settle
+            drained = await wait_idle(self.engines, d.endpoint_ids, d.drain_timeout, settle, self.monotonic)
+            detail = drained.detail()
+            log.info("drain %s: %s", d.command_id, detail)
         await self.engines.stop(d.endpoint_ids, d.reason)
+        return detail
