@@ -59,6 +59,7 @@ def derive(
         spec = inst.spec
         inst_ok = inst.state in ROUTABLE_STATES
         alarm = spec.instance_id in alarmed
+        drain = s.ops.drains.get(spec.instance_id)
         for member in spec.members:
             node = s.nodes.get(member.node_id)
             caps = spec.capabilities or (node.reg.capabilities if node is not None else ())
@@ -88,6 +89,9 @@ def derive(
                 if not inst_ok:
                     why = f"instance {spec.instance_id} is {inst.state.value}"
                     failed = inst.state in FAILED_STATES
+                elif drain is not None:
+                    # Out of routing for new requests; what it carries finishes (not failed).
+                    why = f"instance {spec.instance_id} is draining ({drain.reason or drain.drain_id})"
                 elif node is None:
                     why = f"node {member.node_id} is not registered"
                 elif node.instance_id != spec.instance_id:
@@ -103,6 +107,7 @@ def derive(
                     why
                     and hold.held
                     and not alarm
+                    and drain is None
                     and node is not None
                     and hold.bridges(
                         key,

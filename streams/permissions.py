@@ -5,10 +5,10 @@ forbidden action with the role's own credentials):
 
 | role | publishes | reads |
 |---|---|---|
-| `nodeagent-<n>` | `motor.evt.{node,endpoint,fault,snapshot}.<n>`, `motor.hb.<n>`, its endpoints' KV views `$KV.motor_kvview.<n>.>`; its durable `nodeagent-<n>` (create with filter `motor.cmd.<n>.>`, info, fetch, acks) | MOTOR events only (`motor.evt.>`) |
-| `controller` | `motor.cmd.>`, `motor.evt.{instance,controller,fault,precision}.>`, the KV buckets `motor_leader` and `motor_checkpoints` | MOTOR, MOTOR_HB |
+| `nodeagent-<n>` | `motor.evt.{node,endpoint,fault,snapshot,drain}.<n>`, `motor.hb.<n>`, its endpoints' KV views `$KV.motor_kvview.<n>.>`; its durable `nodeagent-<n>` (create with filter `motor.cmd.<n>.>`, info, fetch, acks) | MOTOR events only (`motor.evt.>`) |
+| `controller` | `motor.cmd.>`, `motor.evt.{instance,controller,fault,precision,drain,rollout}.>`, the KV buckets `motor_leader` and `motor_checkpoints` | MOTOR, MOTOR_HB |
 | `coordinator` | `motor.evt.refresh.coordinator`, `motor.evt.precision.>`, its fault decisions `motor.evt.{circuit,streams}.>`, its request records `motor.req.>` | MOTOR, MOTOR_HB, KV_motor_kvview |
-| `operator` | `motor.evt.fault.>`, `motor.evt.precision.>` (`motor fault`, `motor precision`) | like `inspect` |
+| `operator` | `motor.evt.{fault,precision,drain,cordon,scale,rollout}.>` (`motor fault`, `precision`, `drain`, `uncordon`, `scale`, `restart`) | like `inspect` |
 | `inspect` | nothing | every stream, consumer and KV read the `nats` CLI and `motor events` make |
 | `admin` | everything (`motor up` creates the streams with it; `motor events import`) | everything |
 
@@ -48,9 +48,11 @@ ALL_STREAMS = (
     kv_stream(KVVIEW_BUCKET),
 )
 # Kinds of event a node agent reports about itself (the SUBJECT of its classes in core.events).
-NODE_EVENT_KINDS = ("node", "endpoint", "fault", "snapshot")
+NODE_EVENT_KINDS = ("node", "endpoint", "fault", "snapshot", "drain")  # drain: its own, on SIGTERM
 # The coordinator's own fault decisions (coordinator.circuit_changed, .streams_disrupted).
 COORDINATOR_KINDS = ("circuit", "streams")
+# `motor fault`, `motor precision`, `motor drain`, `motor uncordon`, `motor scale`, `motor restart`
+OPERATOR_KINDS = ("fault", "precision", "drain", "cordon", "scale", "rollout")
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,6 +185,8 @@ def controller(node_ids: Iterable[str]) -> NatsUser:
         f"{evt}.instance.>",
         f"{evt}.controller.>",
         f"{evt}.fault.>",
+        f"{evt}.drain.>",  # scale-down and rolling-restart drains
+        f"{evt}.rollout.>",
         f"{evt}.precision.>",
         *_stream_info(),
         *_follow(MOTOR_STREAM),
@@ -249,12 +253,15 @@ def inspect(node_ids: Iterable[str]) -> NatsUser:
 
 def operator(node_ids: Iterable[str]) -> NatsUser:
     """Operators: read like `inspect`, and report or clear faults and precision alarms."""
-    publish = [f"{subjects.EVT}.fault.>", f"{subjects.EVT}.precision.>", *_read_all()]
+    publish = [
+        *(f"{subjects.EVT}.{kind}.>" for kind in OPERATOR_KINDS),
+        *_read_all(),
+    ]
     return NatsUser(
         "operator",
         "operator",
         _perms("operator", publish, _durable_denies(node_ids), subscribe=(f"{subjects.PREFIX}.>",)),
-        "motor fault / motor precision, and everything inspect reads",
+        "motor fault/precision/drain/uncordon/scale/restart, and everything inspect reads",
     )
 
 

@@ -34,7 +34,14 @@ from tests.unit.factories import registered
 
 def _fake(etype: str, node: str = "n1", iid: int = 4) -> Any:
     """An event of type `etype` whose data names every entity field any placement reads."""
-    data = SimpleNamespace(node_id=node, instance_id=iid, d_instance_id=iid)
+    data = SimpleNamespace(
+        node_id=node,
+        instance_id=iid,
+        d_instance_id=iid,
+        entity=f"e{node}{iid}",
+        rollout_id=f"r{iid}",
+        role=f"role{iid}",
+    )
     return SimpleNamespace(type=etype, SUBJECT=EVENT_CLASSES[etype].SUBJECT, data=data)
 
 
@@ -281,6 +288,7 @@ def test_a_node_agent_may_write_only_its_own_subjects() -> None:
         "motor.evt.endpoint.n1",
         "motor.evt.fault.n1",
         "motor.evt.snapshot.n1",
+        "motor.evt.drain.n1",
         "motor.hb.n1",
     ]
     assert "$JS.API.CONSUMER.MSG.NEXT.MOTOR.nodeagent-n2" in perms.publish_deny
