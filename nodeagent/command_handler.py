@@ -217,7 +217,9 @@ class CommandHandler:
             ev = engine_op_answer(self.node_id, self.source, cmd, refused=outcome, ts=self.clock())
         else:
             timeout = self.settings.config.nodeagent.engine_op_timeout
-            results = await run_engine_op(self.engines, self.settings.section.engine_type, cmd, within=timeout)
+            results = await run_engine_op(
+                self.engines, self.settings.section.engine_type, cmd, within=timeout
+            )
             ev = engine_op_answer(self.node_id, self.source, cmd, results, ts=self.clock())
         await self.send(ev)
         self.engines.remember(d.command_id, outcome)

@@ -6,7 +6,7 @@ The table (`ROUTES`) is the whole mapping; an op an engine kind lacks is reporte
 servers: vLLM `vllm/entrypoints/openai/api_server.py` (dev-mode routes `/sleep?level=`,
 `/wake_up`, `/reset_prefix_cache`, `/pause`, `/resume`, `/collective_rpc`; LoRA with
 `VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`), SGLang `python/sglang/srt/entrypoints/http_server.py`.
-The builtin engine answers the vLLM and SGLang spellings both (`simengine.admin_api`).
+The builtin engine answers both spellings (`simengine.admin_api`).
 """
 
 from __future__ import annotations
@@ -63,8 +63,15 @@ _SGLANG: dict[str, Route] = {
     "lora-load": Route("POST", "/load_lora_adapter", _lora),
     "lora-unload": Route("POST", "/unload_lora_adapter", _lora_name),
 }
-# The builtin engine answers vLLM's spelling (and SGLang's: `simengine.admin_api`).
-ROUTES: dict[str, dict[str, Route]] = {"vllm": _VLLM, "sglang": _SGLANG, "builtin": _VLLM}
+# The builtin engine answers both spellings (`simengine.admin_api`) but for vLLM's `/resume`,
+# its container snapshot's route: pause and continue are SGLang's there.
+_BUILTIN: dict[str, Route] = {
+    **_VLLM,
+    "pause": _SGLANG["pause"],
+    "continue": _SGLANG["continue"],
+    "reload-weights": _SGLANG["reload-weights"],
+}
+ROUTES: dict[str, dict[str, Route]] = {"vllm": _VLLM, "sglang": _SGLANG, "builtin": _BUILTIN}
 
 
 def route_for(engine_type: str, op: str) -> Route | None:
