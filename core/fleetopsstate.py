@@ -13,6 +13,7 @@ import immutables
 
 # A node whose engines are in one of these modes takes no new requests (`coordinator.derive`).
 PAUSED, ASLEEP = "paused", "asleep"
+DONE_KEPT = 64  # closed operations whose summary the state keeps (what `motor fleet` waits for)
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +45,8 @@ class FleetState:
     adapters: immutables.Map[str, tuple[int, frozenset[str]]] = field(default_factory=immutables.Map)
     wanted: immutables.Map[str, immutables.Map[str, str]] = field(
         default_factory=immutables.Map
-    )  # model -> adapter name -> path: what a new instance of the model is given too
+    )  # model -> adapter name -> path: what the operator last asked the model's engines to load
+    done: tuple[tuple[str, str], ...] = ()  # (op id, summary) of the last DONE_KEPT closed ones
 
 
 NO_FLEET = FleetState()
@@ -73,6 +75,7 @@ def fleet_to_dict(f: FleetState) -> dict[str, Any]:
         "modes": {k: list(v) for k, v in sorted(f.modes.items())},
         "adapters": {k: [v[0], sorted(v[1])] for k, v in sorted(f.adapters.items())},
         "wanted": {m: dict(sorted(a.items())) for m, a in sorted(f.wanted.items())},
+        "done": [list(d) for d in f.done],
     }
 
 
@@ -103,7 +106,13 @@ def fleet_from_dict(raw: dict[str, Any] | None) -> FleetState:
                 for m, a in raw.get("wanted", {}).items()
             }
         ),
+        done=tuple((str(k), str(v)) for k, v in raw.get("done", ())),
     )
+
+
+def summary_of(f: FleetState, op_id: str) -> str | None:
+    """The summary of a closed operation (None: open, unknown, or closed long ago)."""
+    return next((why for oid, why in f.done if oid == op_id), None)
 
 
 def mode_of(f: FleetState, node_id: str, instance_id: int | None) -> str | None:

@@ -12,7 +12,7 @@ from core.events import (
     InstanceState,
 )
 from core.fastreplace import replace
-from core.fleetopsstate import ASLEEP, PAUSED, FleetOpRecord, FleetState, adapters_of
+from core.fleetopsstate import ASLEEP, DONE_KEPT, PAUSED, FleetOpRecord, FleetState, adapters_of
 from core.handlers import Changes, handles
 from core.state import ClusterState
 
@@ -100,4 +100,5 @@ def _completed(s: ClusterState, ev: FleetOpCompleted, seq: int) -> Changes:
     fleet = s.ops.fleet
     if ev.data.op_id not in fleet.ops:
         return None
-    return _with(s, replace(fleet, ops=fleet.ops.delete(ev.data.op_id)))
+    done = (*fleet.done, (ev.data.op_id, ev.data.reason))[-DONE_KEPT:]
+    return _with(s, replace(fleet, ops=fleet.ops.delete(ev.data.op_id), done=done))
