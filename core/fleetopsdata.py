@@ -46,6 +46,8 @@ class FleetOpRequestedData(Frozen):
     args: FleetOpArgs = FleetOpArgs()
     reason: str = ""
     requested_by: str = "operator"
+    # Only this instance of the model (the controller's: a wanted adapter for a new instance).
+    instance_id: InstanceId | None = None
 
 
 class EngineOpCommandData(Frozen):

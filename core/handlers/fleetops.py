@@ -33,13 +33,15 @@ def _requested(s: ClusterState, ev: FleetOpRequested, seq: int) -> Changes:
     targets = tuple(
         (nid, iid)
         for iid, inst in sorted(s.instances.items())
-        if inst.spec.model == d.model and inst.state != InstanceState.TERMINATED
+        if inst.spec.model == d.model
+        and inst.state != InstanceState.TERMINATED
+        and (d.instance_id is None or iid == d.instance_id)
         for nid in inst.node_ids
     )
     rec = FleetOpRecord(d.op_id, d.op, d.model, d.args.model_dump(), ev.ts, seq, ev.id, targets)
     fleet = replace(fleet, ops=fleet.ops.set(d.op_id, rec))
     name = d.args.lora_name
-    if name is not None and d.op in ("lora-load", "lora-unload"):
+    if name is not None and d.op in ("lora-load", "lora-unload") and d.instance_id is None:
         want = fleet.wanted.get(d.model, immutables.Map())
         want = (
             want.set(name, d.args.path or "")

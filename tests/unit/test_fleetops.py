@@ -218,3 +218,33 @@ def test_every_engine_kind_maps_every_op_and_an_unknown_kind_none() -> None:
     for engine, table in ROUTES.items():
         assert set(table) == set(FLEET_OPS), engine
     assert route_for("tgi", "sleep") is None
+
+
+def test_an_instance_assembled_later_gets_the_models_wanted_adapters_once() -> None:
+    from core.events import DrainRequested, DrainRequestedData, InstanceState
+
+    log = up()
+    request(log, "lora-load", lora_name="sql", path="/adapters/sql")
+    for c in commands(log.step()):
+        answer(log, c)
+    assert log.types(log.step()) == ["controller.fleet_op_completed"]
+    assert log.step() == []  # every instance has it: nothing wanted
+    data = DrainRequestedData(drain_id="d1", target="instance", instance_id=1, timeout=0.0)
+    log.add(DrainRequested(id="dr1", ts=log.now, source="operator", data=data))
+    log.settle()
+    log.agents()
+    log.bring_up()  # a fresh instance on the freed node, ACTIVE; the controller asks for the adapter
+    new = [i for i, r in log.state.instances.items() if r.state == InstanceState.ACTIVE and i != 2]
+    assert len(new) == 1
+    evs = [ev for _, ev in log.events]
+    reqs = [e for e in evs if isinstance(e, FleetOpRequested) and e.data.requested_by == "controller"]
+    assert [(r.data.op, r.data.instance_id, r.data.args.lora_name) for r in reqs] == [
+        ("lora-load", new[0], "sql")
+    ]
+    cmds = [e for e in evs if isinstance(e, EngineOpCommand) and e.data.op_id == reqs[0].data.op_id]
+    node = log.state.instances[new[0]].node_ids[0]
+    assert [c.data.node_id for c in cmds] == [node]  # only the new instance's node
+    answer(log, cmds[0])
+    log.settle()
+    assert adapters_of(log.state.ops.fleet, node, new[0]) == {"sql"}
+    assert log.step() == []
