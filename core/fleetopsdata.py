@@ -14,7 +14,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
-from core.bounds import Duration, InstanceId
+from core.bounds import Count, Duration, EndpointId, InstanceId, Term
 from core.eventdata import Frozen
 
 FleetOpName = Literal[
@@ -25,7 +25,9 @@ FLEET_OPS: tuple[str, ...] = (
 )  # fmt: skip
 # What an engine reports of one operation: done, not offered by its engine kind, or tried and failed.
 Outcome = Literal["ok", "unsupported", "failed"]
-AdapterName = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.:/\-]+$")]
+# Checked where it is typed (`motor lora`); the log stays a tolerant reader (an empty one is a
+# failed result on the node: `nodeagent.engine_ops.needs`).
+AdapterName = Annotated[str, Field(max_length=200)]
 SleepLevel = Annotated[int, Field(ge=1, le=2)]
 
 
@@ -60,13 +62,13 @@ class EngineOpCommandData(Frozen):
     op: FleetOpName
     args: FleetOpArgs = FleetOpArgs()
     reason: str = ""
-    term: int = 0
+    term: Term = 0
 
 
 class EngineOpResult(Frozen):
-    endpoint_id: int
+    endpoint_id: EndpointId
     outcome: Outcome
-    status: int | None = None  # the engine's HTTP status, when it answered
+    status: Annotated[int, Field(ge=100, le=599)] | None = None  # the engine's HTTP status, when it answered
     detail: str = ""
 
 
@@ -89,9 +91,9 @@ class FleetOpCompletedData(Frozen):
     op_id: str
     op: FleetOpName
     model: str
-    ok: int = 0
-    unsupported: int = 0
-    failed: int = 0
+    ok: Count = 0
+    unsupported: Count = 0
+    failed: Count = 0
     unanswered: tuple[str, ...] = ()  # node ids
     took: Duration = 0.0
     reason: str = ""

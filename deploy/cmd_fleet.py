@@ -9,6 +9,7 @@ controller closes the operation with a summary, which this command prints (or `-
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import time
 from typing import Any
@@ -18,6 +19,7 @@ from core.fleetopsstate import summary_of
 from core.state import ClusterState
 from deploy.common import add_nats_args, int_in
 
+ADAPTER_NAME = re.compile(r"[A-Za-z0-9_.:/\-]{1,200}")
 # The ops `motor fleet` runs (LoRA adapters have `motor lora`), with what each does.
 FLEET_OPS = {
     "flush-cache": "forget the engines' cached prefixes (vLLM /reset_prefix_cache, SGLang /flush_cache)",
@@ -88,12 +90,10 @@ def _fleet(args: argparse.Namespace) -> int:
 
 def _lora(args: argparse.Namespace) -> int:
     op = "lora-load" if args.lora_op == "load" else "lora-unload"
-    try:
-        args_ = FleetOpArgs(lora_name=args.name, path=getattr(args, "path", None))
-    except ValueError:
+    if not ADAPTER_NAME.fullmatch(args.name):
         print(f"motor lora: NAME {args.name!r} must be 1-200 of A-Z a-z 0-9 _ . : / -", file=sys.stderr)
         return 2
-    return _request(args, op, args_)
+    return _request(args, op, FleetOpArgs(lora_name=args.name, path=getattr(args, "path", None)))
 
 
 def _request(args: argparse.Namespace, op: str, op_args: FleetOpArgs) -> int:

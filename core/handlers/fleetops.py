@@ -41,7 +41,7 @@ def _requested(s: ClusterState, ev: FleetOpRequested, seq: int) -> Changes:
     rec = FleetOpRecord(d.op_id, d.op, d.model, d.args.model_dump(), ev.ts, seq, ev.id, targets)
     fleet = replace(fleet, ops=fleet.ops.set(d.op_id, rec))
     name = d.args.lora_name
-    if name is not None and d.op in ("lora-load", "lora-unload") and d.instance_id is None:
+    if name and d.op in ("lora-load", "lora-unload") and d.instance_id is None:
         want = fleet.wanted.get(d.model, immutables.Map())
         want = (
             want.set(name, d.args.path or "")
@@ -90,7 +90,7 @@ def _answered(s: ClusterState, ev: EngineOpCompleted, seq: int) -> Changes:
                 fleet, modes=modes if mode is None else modes.set(d.node_id, (d.instance_id, mode))
             )
         name = d.args.lora_name
-        if name is not None and d.op in ("lora-load", "lora-unload"):
+        if name and d.op in ("lora-load", "lora-unload"):
             have = adapters_of(fleet, d.node_id, d.instance_id)
             have = have | {name} if d.op == "lora-load" else have - {name}
             fleet = replace(fleet, adapters=fleet.adapters.set(d.node_id, (d.instance_id, have)))
