@@ -248,3 +248,22 @@ def test_an_instance_assembled_later_gets_the_models_wanted_adapters_once() -> N
     log.settle()
     assert adapters_of(log.state.ops.fleet, node, new[0]) == {"sql"}
     assert log.step() == []
+
+
+def test_a_refused_engine_op_is_answered_with_its_reason_and_counts_as_failed() -> None:
+    from nodeagent.command_handler import answer as answer_cmd
+    from nodeagent.errors import Refusal
+
+    log = up()
+    request(log, "flush-cache")
+    cmds = commands(log.step())
+    ev = answer_cmd(
+        "n1", "nodeagent/n1", cmds[0], Refusal(code="stale_term", reason="term 0 < 3"), ts=log.now
+    )
+    assert isinstance(ev, EngineOpCompleted)
+    assert ev.data.refused == "stale_term: term 0 < 3" and ev.data.results == ()
+    assert ev.data.op_id == cmds[0].data.op_id and ev.data.node_id == "n1"
+    log.add(ev)
+    answer(log, cmds[1])
+    done = log.step()
+    assert (done[0].event.data.ok, done[0].event.data.failed) == (1, 1)  # type: ignore[union-attr]
