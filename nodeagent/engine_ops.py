@@ -3,14 +3,16 @@
 The table (`ROUTES`) is the whole mapping; an op an engine kind lacks is reported
 `unsupported`, never tried, and so is a route the engine answers 404 or 405 (a vLLM without
 `VLLM_SERVER_DEV_MODE=1` or older than the route). Bodies and routes as in the engines' own
-servers: vLLM `vllm/entrypoints/openai/api_server.py` (dev-mode routes `/sleep?level=`,
-`/wake_up`, `/reset_prefix_cache`, `/pause`, `/resume`, `/collective_rpc`; LoRA with
-`VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`), SGLang `python/sglang/srt/entrypoints/http_server.py`.
+servers (checked against vLLM 0.32's `vllm/entrypoints/serve/`): vLLM's dev-mode routes
+`/sleep?level=`, `/wake_up`, `/reset_prefix_cache`, `/collective_rpc`; `/pause?mode=keep` and
+`/resume` of its RL router; LoRA with `VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`; SGLang's
+`python/sglang/srt/entrypoints/http_server.py`.
 The builtin engine answers both spellings (`simengine.admin_api`).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -45,7 +47,8 @@ def _lora_name(a: FleetOpArgs) -> dict[str, Any]:
 
 _VLLM: dict[str, Route] = {
     "flush-cache": Route("POST", "/reset_prefix_cache"),
-    "pause": Route("POST", "/pause"),
+    # "keep": requests under way freeze and go on at /resume (the default, "abort", cuts them).
+    "pause": Route("POST", "/pause?mode=keep"),
     "continue": Route("POST", "/resume"),
     "reload-weights": Route("POST", "/collective_rpc", lambda a: {"method": "reload_weights"}),
     "sleep": Route("POST", "/sleep?level={level}"),
@@ -109,5 +112,17 @@ async def run_one(
     said = f"{route.method} {path} -> {status} {text.strip()}"[:DETAIL_MAX]
     if status in UNSUPPORTED_STATUS:
         return EngineOpResult(endpoint_id=endpoint_id, outcome="unsupported", status=status, detail=said)
-    outcome = "ok" if 200 <= status < 300 else "failed"
-    return EngineOpResult(endpoint_id=endpoint_id, outcome=outcome, status=status, detail=said)
+    ok = 200 <= status < 300 and not _said_no(text)
+    return EngineOpResult(
+        endpoint_id=endpoint_id, outcome="ok" if ok else "failed", status=status, detail=said
+    )
+
+
+def _said_no(text: str) -> bool:
+    """A 200 whose JSON body says `"success": false` (vLLM's prefix-cache reset while blocks are
+    held, SGLang's weight update that did not take)."""
+    try:
+        body = json.loads(text)
+    except ValueError:
+        return False
+    return isinstance(body, dict) and body.get("success") is False

@@ -1,4 +1,5 @@
-"""A LoRA adapter on real vLLM through `motor lora load`: built here by hand for the tiny model
+"""Fleet operations on real vLLM (dev mode: its own /reset_prefix_cache, /pause, /resume), and
+a LoRA adapter through `motor lora load`: built here by hand for the tiny model
 (safetensors + adapter_config.json, no peft), loaded by the node agent with vLLM's
 `POST /v1/load_lora_adapter`, listed in the coordinator's `/v1/models`, answering
 `model: tiny-lora`, and changing the greedy answer (its B matrices are not zero).
@@ -63,7 +64,9 @@ def build_adapter(model_dir: Path, out: Path, rank: int = RANK, seed: int = 1) -
 async def lora_union(
     tmp_path_factory: pytest.TempPathFactory, tiny_model: Path
 ) -> AsyncIterator[RealCluster]:
-    section = engine_section(tiny_model, env={"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"})
+    section = engine_section(
+        tiny_model, env={"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True", "VLLM_SERVER_DEV_MODE": "1"}
+    )
     section["engine_config"] = {**ENGINE_CONFIG, "enable_lora": True, "max_lora_rank": RANK, "max_loras": 2}
     raw = cluster_config(union={**section, "instances": 1})
     async with real_cluster(tmp_path_factory.mktemp("lora"), raw, nodes=1) as rc:
@@ -104,3 +107,12 @@ async def test_a_lora_adapter_loads_through_the_log_and_answers_by_name(
     assert proc.returncode == 0 and "1 ok" in proc.stdout, proc.stdout + proc.stderr
     with pytest.raises(openai.NotFoundError):
         await client.completions.create(model="tiny-lora", prompt=PROMPT, max_tokens=4)
+
+
+async def test_fleet_ops_reach_real_vllms_own_routes(lora_union: RealCluster) -> None:
+    client = openai.AsyncOpenAI(base_url=lora_union.base_url, api_key="none", max_retries=0, timeout=300)
+    for op in ("flush-cache", "pause", "continue"):
+        proc = await asyncio.to_thread(_motor, lora_union, "fleet", op, "--model", "tiny")
+        assert proc.returncode == 0 and "1 ok, 0 unsupported, 0 failed" in proc.stdout, (op, proc.stdout)
+    r = await client.completions.create(model="tiny", prompt=PROMPT, max_tokens=4, temperature=0)
+    assert r.choices[0].text  # continued: it serves again

@@ -187,7 +187,7 @@ def test_a_request_folded_twice_is_one() -> None:
         ("vllm", "flush-cache", "POST", "/reset_prefix_cache", None),
         ("vllm", "sleep", "POST", "/sleep?level=2", None),
         ("vllm", "wake", "POST", "/wake_up", None),
-        ("vllm", "pause", "POST", "/pause", None),
+        ("vllm", "pause", "POST", "/pause?mode=keep", None),
         ("vllm", "continue", "POST", "/resume", None),
         ("vllm", "reload-weights", "POST", "/collective_rpc", {"method": "reload_weights"}),
         ("vllm", "lora-load", "POST", "/v1/load_lora_adapter", {"lora_name": "a", "lora_path": "/p"}),
