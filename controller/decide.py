@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from controller.assembly import assemble
 from controller.cleanup import cleanup
+from controller.fleetop_rules import fleet_ops
 from controller.heard import Hearing
 from controller.instance_rules import reconcile, replace_cause
 from controller.liveness import liveness
@@ -82,6 +83,7 @@ def decide(
         out += assemble(ctx, busy)
         out += scale_down(ctx, busy)
     out += rollouts(ctx, out)
+    out += fleet_ops(ctx)
     # Restating an instance this batch moves would restate the state it leaves. Before the
     # heartbeat moves, and blind to them: a replay of MOTOR alone (no heartbeats) must make the
     # same restatements, and a heartbeat move of the same instance lands after its restatement.

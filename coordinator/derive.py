@@ -14,6 +14,7 @@ from coordinator.endpoint import Endpoint, Incarnation
 from coordinator.external import external_endpoints
 from coordinator.losshold import LossHold
 from core.events import EndpointLoad, EndpointStatus, InstanceState, Role
+from core.fleetopsstate import adapters_of, mode_of
 from core.state import ClusterState
 
 log = logging.getLogger(__name__)
@@ -83,8 +84,10 @@ def derive(
                     waiting=load.waiting if load else 0,
                     avail_slots=load.avail_slots if load else 0,
                     avail_blocks=load.avail_blocks if load else 0,
+                    adapters=adapters_of(s.ops.fleet, member.node_id, spec.instance_id),
                 )
                 status = node.endpoint_status.get(es.id) if node is not None else None
+                mode = mode_of(s.ops.fleet, member.node_id, spec.instance_id)
                 failed = False
                 if not inst_ok:
                     why = f"instance {spec.instance_id} is {inst.state.value}"
@@ -92,6 +95,9 @@ def derive(
                 elif drain is not None:
                     # Out of routing for new requests; what it carries finishes (not failed).
                     why = f"instance {spec.instance_id} is draining ({drain.reason or drain.drain_id})"
+                elif mode is not None:
+                    # `motor fleet pause|sleep`: its engines hold or refuse new requests (not failed).
+                    why = f"engines of instance {spec.instance_id} on {member.node_id} are {mode}"
                 elif node is None:
                     why = f"node {member.node_id} is not registered"
                 elif node.instance_id != spec.instance_id:
@@ -108,6 +114,7 @@ def derive(
                     and hold.held
                     and not alarm
                     and drain is None
+                    and mode is None
                     and node is not None
                     and hold.bridges(
                         key,
@@ -150,5 +157,6 @@ def copy_attrs(dst: Endpoint, src: Endpoint) -> None:
         "waiting",
         "avail_slots",
         "avail_blocks",
+        "adapters",
     ):
         setattr(dst, name, getattr(src, name))

@@ -26,10 +26,15 @@ class Endpoint:
     waiting: int = 0
     avail_slots: int = 0
     avail_blocks: int = 0
+    adapters: frozenset[str] = frozenset()  # LoRA adapters loaded on it: requests may name them
     inflight: int = 0  # this coordinator's requests on it now: counted only by `busy`
     ttft: float = 0.0  # its recent time to first byte, seconds (0: none yet; `proxy.hedge`)
     # `with ep.busy:` counts a request on it for the block: the one way it is counted.
     busy: InFlight = field(init=False, repr=False, compare=False)
+
+    def serves(self, model: str | None) -> bool:
+        """Whether a request naming `model` (any when None) may go here: its model or an adapter."""
+        return model is None or self.model == model or model in self.adapters
 
     @property
     def load(self) -> int:
@@ -57,6 +62,7 @@ class Endpoint:
             "avail_slots": self.avail_slots,
             "avail_blocks": self.avail_blocks,
             "inflight": self.inflight,
+            "adapters": sorted(self.adapters),
         }
 
 

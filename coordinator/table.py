@@ -199,7 +199,7 @@ class RoutingTable:
                 e
                 for e in self._routable
                 if e.role == role
-                and (model is None or e.model == model)
+                and e.serves(model)
                 and (engine_type is None or e.engine_type == engine_type)
                 and (engines is None or e.engine_type in engines)
                 and (capability is None or capability in e.capabilities)
@@ -275,12 +275,12 @@ class RoutingTable:
     # ------------------------------------------------------------------ plan
 
     def _make_plan(self, model: str | None, serves: Serves) -> Plan:
-        eps = [e for e in self._routable if model is None or e.model == model]
+        eps = [e for e in self._routable if e.serves(model)]
         return make_plan(eps, model, lambda: self._why_none(model), serves)
 
     def _why_none(self, model: str | None) -> str:
         what = f"model {model!r}" if model is not None else "any model"
-        known = [d for d in self._all.values() if model is None or d.ep.model == model]
+        known = [d for d in self._all.values() if d.ep.serves(model)]
         if not known:
             return f"no instance serves {what}"
         reasons = sorted({d.why for d in known if d.why})
@@ -322,9 +322,20 @@ class RoutingTable:
             if not key.startswith("ext/"):
                 node_id, _, ep_id = key.rpartition("/")
                 self._by_node_ep[(node_id, int(ep_id))] = d.ep
-        self._known_models = frozenset(d.ep.model for d in derived.values())
+        self._known_models = frozenset(m for d in derived.values() for m in (d.ep.model, *d.ep.adapters))
         signature = tuple(
-            (e.key, e.role, e.engine_type, e.model, e.host, e.port, e.bootstrap_port, e.capabilities, e.group)
+            (
+                e.key,
+                e.role,
+                e.engine_type,
+                e.model,
+                e.host,
+                e.port,
+                e.bootstrap_port,
+                e.capabilities,
+                e.group,
+                e.adapters,
+            )
             for e in self._routable
         )
         if signature != self._signature:

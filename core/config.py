@@ -259,6 +259,9 @@ class NodeAgentConfig(Strict):
     # A drain calls an engine idle after it had no request running or waiting this long (a
     # request routed just before the coordinators folded the drain still lands).
     drain_settle: float = Field(1.0, ge=0, le=60)
+    # A fleet operation's request to one engine (`motor fleet`, `motor lora`) gets at most this
+    # long to answer (a weights reload or a wake from level-2 sleep is slow).
+    engine_op_timeout: float = Field(120.0, gt=0, le=3600)
 
 
 class ClusterConfig(Strict):

@@ -52,6 +52,14 @@ from core.eventdata import (
     StopCommandData,
     StreamsDisruptedData,
 )
+from core.fleetopsdata import (
+    EngineOpCommandData,
+    EngineOpCompletedData,
+    EngineOpResult,
+    FleetOpArgs,
+    FleetOpCompletedData,
+    FleetOpRequestedData,
+)
 from core.opsdata import (
     DrainRequestedData,
     RolloutCompletedData,
@@ -79,12 +87,22 @@ __all__ = [
     "EndpointStatus",
     "EndpointStatusChanged",
     "EndpointStatusChangedData",
+    "EngineOpCommand",
+    "EngineOpCommandData",
+    "EngineOpCompleted",
+    "EngineOpCompletedData",
+    "EngineOpResult",
     "EventBase",
     "FaultCleared",
     "FaultClearedData",
     "FaultLevel",
     "FaultReported",
     "FaultReportedData",
+    "FleetOpArgs",
+    "FleetOpCompleted",
+    "FleetOpCompletedData",
+    "FleetOpRequested",
+    "FleetOpRequestedData",
     "Heartbeat",
     "HeartbeatData",
     "InstanceAssembled",
@@ -195,6 +213,12 @@ class FaultCleared(EventBase):
     SUBJECT = subjects.about("fault", "node_id")
 
 
+class EngineOpCompleted(EventBase):
+    type: Literal["node.engine_op_completed"] = "node.engine_op_completed"
+    data: EngineOpCompletedData
+    SUBJECT = subjects.about("node", "node_id")
+
+
 class SnapshotCheckpoint(EventBase):
     type: Literal["snapshot.checkpoint"] = "snapshot.checkpoint"
     data: SnapshotCheckpointData
@@ -255,6 +279,18 @@ class StopCommand(EventBase):
     SUBJECT = subjects.to_node("stop")
 
 
+class EngineOpCommand(EventBase):
+    type: Literal["command.engine_op"] = "command.engine_op"
+    data: EngineOpCommandData
+    SUBJECT = subjects.to_node("engineop")
+
+
+class FleetOpCompleted(EventBase):
+    type: Literal["controller.fleet_op_completed"] = "controller.fleet_op_completed"
+    data: FleetOpCompletedData
+    SUBJECT = subjects.about("fleetop", "op_id")
+
+
 # --------------------------------------------------------------------------- the operator's
 
 
@@ -286,6 +322,12 @@ class RolloutCompleted(EventBase):
     type: Literal["controller.rollout_completed"] = "controller.rollout_completed"
     data: RolloutCompletedData
     SUBJECT = subjects.about("rollout", "rollout_id")
+
+
+class FleetOpRequested(EventBase):
+    type: Literal["operator.fleet_op_requested"] = "operator.fleet_op_requested"
+    data: FleetOpRequestedData
+    SUBJECT = subjects.about("fleetop", "op_id")
 
 
 # --------------------------------------------------------------------------- the coordinator's
@@ -337,7 +379,11 @@ AnyEvent = Annotated[
     | Uncordoned
     | ScaleRequested
     | RolloutRequested
-    | RolloutCompleted,
+    | RolloutCompleted
+    | FleetOpRequested
+    | EngineOpCommand
+    | EngineOpCompleted
+    | FleetOpCompleted,
     Field(discriminator="type"),
 ]
 

@@ -10,6 +10,8 @@ from typing import Any
 
 import immutables
 
+from core.fleetopsstate import NO_FLEET, FleetState, fleet_from_dict, fleet_to_dict
+
 
 @dataclass(frozen=True, slots=True)
 class DrainRecord:
@@ -44,6 +46,7 @@ class Operations:
     rollouts: immutables.Map[str, RolloutRecord] = field(
         default_factory=immutables.Map
     )  # by rollout id, open ones
+    fleet: FleetState = NO_FLEET  # fleet operations and LoRA adapters (`core.fleetopsstate`)
 
 
 NO_OPERATIONS = Operations()
@@ -76,6 +79,7 @@ def ops_to_dict(ops: Operations) -> dict[str, Any]:
             }
             for k, r in sorted(ops.rollouts.items())
         },
+        "fleet": fleet_to_dict(ops.fleet),
     }
 
 
@@ -93,4 +97,5 @@ def ops_from_dict(raw: dict[str, Any] | None) -> Operations:
         cordoned=frozenset(raw.get("cordoned", ())),
         scale=immutables.Map({str(k): int(v) for k, v in raw.get("scale", {}).items()}),
         rollouts=immutables.Map(rollouts),
+        fleet=fleet_from_dict(raw.get("fleet")),
     )

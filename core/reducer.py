@@ -13,12 +13,12 @@ from collections.abc import Iterable
 
 from core.events import ALL_EVENTS, EventBase
 from core.fastreplace import replace
-from core.handlers import HANDLERS, commands, faults, instances, nodes, operations
+from core.handlers import HANDLERS, commands, faults, fleetops, instances, nodes, operations
 from core.state import ClusterState
 
 # Every handler module registers its handlers as it is imported; a new event class without a
 # handler would stop every fold at its first event.
-HANDLER_MODULES = (nodes, commands, instances, faults, operations)
+HANDLER_MODULES = (nodes, commands, instances, faults, operations, fleetops)
 _unhandled = [cls.__name__ for cls in ALL_EVENTS if cls not in HANDLERS]
 if _unhandled:
     raise TypeError(f"no reducer handler for {', '.join(_unhandled)}")

@@ -21,6 +21,8 @@ from core.events import (
     CommandRefused,
     CommandRefusedData,
     EndpointSpec,
+    EngineOpCommand,
+    EngineOpCompleted,
     EventBase,
     Role,
     StartCommand,
@@ -31,6 +33,7 @@ from core.ids import derive_id
 from nodeagent import runstate
 from nodeagent.commands import Command
 from nodeagent.drain import wait_idle
+from nodeagent.engine_op_handler import engine_op_answer, run_engine_op
 from nodeagent.engines import Engines
 from nodeagent.errors import CommandRefusal, Refusal
 from nodeagent.metrics import AgentMetrics
@@ -45,16 +48,20 @@ Verb = Literal["start", "stop"]
 Send = Callable[[EventBase], Awaitable[int]]  # publish an event, return its stream sequence
 
 
-def verb_of(cmd: Command) -> Verb:
+def verb_of(cmd: StartCommand | StopCommand) -> Verb:
     return "start" if isinstance(cmd, StartCommand) else "stop"
 
 
 def answer(
     node_id: str, source: str, cmd: Command, outcome: Outcome, *, ts: float | None = None, detail: str = ""
-) -> CommandApplied | CommandRefused:
+) -> CommandApplied | CommandRefused | EngineOpCompleted:
     """The event answering `cmd` (at `ts`, default now); its id derives from the command's, so
-    a repeated answer is one."""
+    a repeated answer is one. An engine op is answered with its results (none here: an answer
+    sent again, or a refusal)."""
     when = time.time() if ts is None else ts
+    if isinstance(cmd, EngineOpCommand):
+        refusal = outcome if isinstance(outcome, Refusal) else None
+        return engine_op_answer(node_id, source, cmd, refused=refusal, ts=when)
     d = cmd.data
     eid = derive_id("command-result", node_id, d.command_id)
     verb = verb_of(cmd)
@@ -176,6 +183,9 @@ class CommandHandler:
             return
         outcome: Outcome = "applied"
         detail = ""
+        if isinstance(cmd, EngineOpCommand):
+            await self._engine_op(cmd, seq)
+            return
         try:
             self._newer_term(d.term)
             if isinstance(cmd, StartCommand):
@@ -183,17 +193,45 @@ class CommandHandler:
             else:
                 detail = await self._stop(cmd)
         except CommandRefusal as r:
-            log.warning("command %s (%s) at seq %d refused: %s", d.command_id, verb_of(cmd), seq, r)
+            log.warning("command %s (%s) at seq %d refused: %s", d.command_id, cmd.type, seq, r)
             outcome = r.refusal
         await self.send(answer(self.node_id, self.source, cmd, outcome, ts=self.clock(), detail=detail))
         self.engines.remember(d.command_id, outcome)
         result = "refused" if isinstance(outcome, Refusal) else "applied"
         self.metrics.commands.labels(self.node_id, verb_of(cmd), result).inc()
 
+    async def _engine_op(self, cmd: EngineOpCommand, seq: int) -> None:
+        """Run a fleet operation's op on the engines and answer with a result per engine."""
+        d = cmd.data
+        outcome: Outcome = "applied"
+        try:
+            self._newer_term(d.term)
+            if d.node_id != self.node_id:
+                raise CommandRefusal(
+                    "wrong_node", f"command is for node {d.node_id!r}, this is {self.node_id!r}"
+                )
+        except CommandRefusal as r:
+            log.warning("engine op %s at seq %d refused: %s", d.command_id, seq, r)
+            outcome = r.refusal
+        if isinstance(outcome, Refusal):
+            ev = engine_op_answer(self.node_id, self.source, cmd, refused=outcome, ts=self.clock())
+        else:
+            timeout = self.settings.config.nodeagent.engine_op_timeout
+            results = await run_engine_op(
+                self.engines, self.settings.section.engine_type, cmd, within=timeout
+            )
+            ev = engine_op_answer(self.node_id, self.source, cmd, results, ts=self.clock())
+        await self.send(ev)
+        self.engines.remember(d.command_id, outcome)
+        self.metrics.commands.labels(
+            self.node_id, "engine_op", "refused" if isinstance(outcome, Refusal) else "applied"
+        ).inc()
+
     async def refuse(self, cmd: Command, refusal: Refusal) -> None:
         """Answer a command that could not be handled with `command.refused` (and remember it)."""
         await self.send(answer(self.node_id, self.source, cmd, refusal, ts=self.clock()))
-        self.metrics.commands.labels(self.node_id, verb_of(cmd), "refused").inc()
+        verb = "engine_op" if isinstance(cmd, EngineOpCommand) else verb_of(cmd)
+        self.metrics.commands.labels(self.node_id, verb, "refused").inc()
         try:
             self.engines.remember(cmd.data.command_id, refusal)
         except OSError as exc:  # the run state may be why handling failed

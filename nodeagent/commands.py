@@ -25,7 +25,7 @@ from datetime import UTC, datetime
 from core import subjects
 from core.codec import decode
 from core.errors import DecodeError
-from core.events import AnyEvent, StartCommand, StopCommand
+from core.events import AnyEvent, EngineOpCommand, StartCommand, StopCommand
 from nodeagent.errors import Refusal
 from nodeagent.metrics import AgentMetrics
 from streams.definitions import MOTOR_STREAM
@@ -35,7 +35,7 @@ from streams.permissions import durable_name  # NATS permissions name it too
 
 log = logging.getLogger(__name__)
 
-Command = StartCommand | StopCommand
+Command = StartCommand | StopCommand | EngineOpCommand
 Handler = Callable[[Command, int], Awaitable[None]]
 # refuse(command, refusal): publish its `command.refused` and remember the outcome.
 Refuser = Callable[[Command, Refusal], Awaitable[None]]
@@ -164,7 +164,7 @@ class CommandConsumer:
             self.metrics.commands_rejected.labels(self.node_id, "undecodable").inc()
             await self._settle(msg, "term", seq)
             return
-        if not isinstance(ev, StartCommand | StopCommand):
+        if not isinstance(ev, StartCommand | StopCommand | EngineOpCommand):
             log.warning("%s at seq %d on %s is not a command; terminated", ev.type, seq, msg.subject)
             self.metrics.commands_rejected.labels(self.node_id, "not_a_command").inc()
             await self._settle(msg, "term", seq)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import aiohttp
 
@@ -75,6 +75,12 @@ class EngineHost(Protocol):
         """What its fault-tolerance endpoint says (healthy, unhealthy, dead); None: no answer."""
         ...
 
+    async def call(
+        self, method: str, url: str, body: dict[str, Any] | None, within: float
+    ) -> tuple[int, str]:
+        """One admin request to an engine (a fleet operation): (HTTP status, body text)."""
+        ...
+
 
 class ProcessHost:
     """This machine: engines are child processes, questions are HTTP requests."""
@@ -99,3 +105,13 @@ class ProcessHost:
 
     async def fault_status(self, url: str, within: float) -> str | None:
         return await poll(self.session, url, within)
+
+    async def call(
+        self, method: str, url: str, body: dict[str, Any] | None, within: float
+    ) -> tuple[int, str]:
+        timeout = aiohttp.ClientTimeout(total=within)
+        try:
+            async with self.session.request(method, url, json=body, timeout=timeout) as resp:
+                return resp.status, await resp.text()
+        except aiohttp.ClientError as exc:
+            raise OSError(f"{method} {url}: {exc}") from exc

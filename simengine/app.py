@@ -20,6 +20,7 @@ import orjson
 from http1.listen import Server
 from http1.metrics import HttpCollector
 from http1.request import Request
+from simengine.admin_api import AdminApi
 from simengine.bootstrap import BootstrapClient, RoomRegistry
 from simengine.embeddings import embeddings_body
 from simengine.engine import Engine
@@ -67,6 +68,7 @@ class BuiltinEngine:
         self._servers: list[Server] = []
         self.seen: deque[GenRequest] = deque(maxlen=SEEN)  # what tests ask: which requests came
         self.kv_events: KvPublisher | None = None
+        self.adapters: dict[str, str] = {}  # LoRA adapters loaded at run time: name -> path
 
     # ------------------------------------------------------------------ routing
 
@@ -107,17 +109,19 @@ class BuiltinEngine:
         r.add("POST", "/v1/metaserver", self.metaserver_forward)
         for method, path, handler in NativeApi(self.gen, self.names, self.settings.max_model_len).routes():
             r.add(method, path, handler)  # seed 003: /generate, /v1/score, /v1/rerank, /tokenize ...
+        for method, path, handler in AdminApi(self.engine, self.adapters).routes():
+            r.add(method, path, handler)  # fleet operations: sleep, pause, reload, LoRA ...
         return r
 
     # ------------------------------------------------------------------ OpenAI API
 
     def completions(self, req: Request) -> HandlerResult:
-        g = parse_completion(parse_json(req.body), self.names, req.header(b"x-request-id"))
+        g = parse_completion(parse_json(req.body), self.served, req.header(b"x-request-id"))
         self.seen.append(g)
         return self.gen.handle(g)
 
     def chat(self, req: Request) -> HandlerResult:
-        g = parse_chat(parse_json(req.body), self.names, req.header(b"x-request-id"))
+        g = parse_chat(parse_json(req.body), self.served, req.header(b"x-request-id"))
         self.seen.append(g)
         return self.gen.handle(g)
 
@@ -133,12 +137,17 @@ class BuiltinEngine:
             embeddings_body(parse_json(req.body), self.names, self.settings.embedding_dim, req.body)
         )
 
+    @property
+    def served(self) -> tuple[str, ...]:
+        """The model names a request may name: the served ones, then the LoRA adapters loaded."""
+        return self.names + tuple(sorted(self.adapters))
+
     def models(self, req: Request) -> Response:
-        return Response(200, models_body(self.names, self.started, self.settings.max_model_len))
+        return Response(200, models_body(self.served, self.started, self.settings.max_model_len))
 
     def model_one(self, req: Request) -> Response:
         name = req.path[len(b"/v1/models/") :].decode("latin-1")
-        if name not in self.names:
+        if name not in self.served:
             raise ApiError(404, f"The model `{name}` does not exist.", param="model")
         data = orjson.loads(models_body((name,), self.started, self.settings.max_model_len))["data"][0]
         return json_response(data)

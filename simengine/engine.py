@@ -76,6 +76,12 @@ class Engine:
         self.waiting: deque[Job] = deque()
         self.jobs: dict[str, Job] = {}
         self.suspended = False
+        # Fleet operations (`simengine.admin_api`): asleep refuses generation with 503; while
+        # `unpaused` is clear new requests wait for it; a weights reload bumps the version.
+        self.asleep = False
+        self.unpaused = asyncio.Event()
+        self.unpaused.set()
+        self.weights_version = 1
         self.metrics = EngineMetrics(settings.model, self.gauges)
         self._prefill_free_at = 0.0
 

@@ -50,8 +50,12 @@ class Generator:
             return Response(500, ApiError(500, "injected fault: error_rate").body())
         if self.engine.suspended:
             raise ApiError(503, "engine is suspended for a container snapshot; POST /resume first")
+        if self.engine.asleep:
+            raise ApiError(503, "engine is sleeping; POST /wake_up first")
         cap = 1 if g.bootstrap is not None and self.engine.settings.role == "prefill" else None
         job = self.engine.prepare(g, cap)
+        if not self.engine.unpaused.is_set():
+            return self._held(job)
         if self._can_answer_now(job) and self.engine.try_admit(job):
             return self._answer_now(job)
         return self._answer_later(job)
@@ -109,6 +113,11 @@ class Generator:
         return fmt.piece(piece, finish, stop)
 
     # ------------------------------------------------------------------ timed / P-D path
+
+    async def _held(self, job: Job) -> Response:
+        """A request that came while generation is paused: it starts once continued."""
+        await self.engine.unpaused.wait()
+        return await self._answer_later(job)
 
     async def _answer_later(self, job: Job) -> Response:
         engine = self.engine

@@ -135,6 +135,10 @@ class BlockPool:
                 else:
                     self._free.append(b)
 
+    def cached_blocks(self) -> int:
+        """Blocks whose prefix is cached (held by a request or evictable)."""
+        return len(self._by_hash)
+
     def usage(self) -> float:
         """Fraction of blocks referenced by running requests (0..1)."""
         return self.used / self.num_blocks

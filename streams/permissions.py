@@ -52,7 +52,7 @@ NODE_EVENT_KINDS = ("node", "endpoint", "fault", "snapshot", "drain")  # drain: 
 # The coordinator's own fault decisions (coordinator.circuit_changed, .streams_disrupted).
 COORDINATOR_KINDS = ("circuit", "streams")
 # `motor fault`, `motor precision`, `motor drain`, `motor uncordon`, `motor scale`, `motor restart`
-OPERATOR_KINDS = ("fault", "precision", "drain", "cordon", "scale", "rollout")
+OPERATOR_KINDS = ("fault", "precision", "drain", "cordon", "scale", "rollout", "fleetop")
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,6 +187,7 @@ def controller(node_ids: Iterable[str]) -> NatsUser:
         f"{evt}.fault.>",
         f"{evt}.drain.>",  # scale-down and rolling-restart drains
         f"{evt}.rollout.>",
+        f"{evt}.fleetop.>",  # a fleet operation's summary
         f"{evt}.precision.>",
         *_stream_info(),
         *_follow(MOTOR_STREAM),

@@ -190,9 +190,7 @@ class Recorder:
         """Note attempt `at` on `cand`, chosen among the model's endpoints of `routable` (with
         their loads now)."""
         model = t.model
-        loads = [
-            (e, e.running + e.waiting + e.inflight) for e in routable if model is None or e.model == model
-        ]
+        loads = [(e, e.running + e.waiting + e.inflight) for e in routable if e.serves(model)]
         if len(loads) > MAX_CANDIDATES:
             del loads[MAX_CANDIDATES:]
         if hedge:

@@ -14,6 +14,7 @@ import asyncio
 import random
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from core.config import HealthCheckConfig
 from nodeagent.errors import CommandRefusal
@@ -182,3 +183,12 @@ class Machine:
         if e is None or not await self._answers(e, within):
             return None
         return "healthy"
+
+    async def call(
+        self, method: str, url: str, body: dict[str, Any] | None, within: float
+    ) -> tuple[int, str]:
+        """The simulated engines have no admin routes: a fleet operation is `unsupported` on them."""
+        e = self._engine(url)
+        if e is None or not await self._answers(e, within):
+            raise OSError(f"{url}: no answer")
+        return 404, "not found"

@@ -31,7 +31,7 @@ def test_lax_only_values_still_decode() -> None:
 
 
 def test_every_type_has_a_class() -> None:
-    assert len(EVENT_CLASSES) == 25
+    assert len(EVENT_CLASSES) == 29
     for name, cls in EVENT_CLASSES.items():
         assert cls.model_fields["type"].default == name
 

@@ -41,6 +41,7 @@ def _fake(etype: str, node: str = "n1", iid: int = 4) -> Any:
         entity=f"e{node}{iid}",
         rollout_id=f"r{iid}",
         role=f"role{iid}",
+        op_id=f"op{iid}",
     )
     return SimpleNamespace(type=etype, SUBJECT=EVENT_CLASSES[etype].SUBJECT, data=data)
 
